@@ -1,0 +1,1 @@
+"""Domain types of the control plane: replicas, their states, fleet views, requests, events."""

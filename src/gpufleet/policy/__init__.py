@@ -1,0 +1,1 @@
+"""Pure, clock-injected policies: routing, admission, health, autoscaling, rollout."""

@@ -1,0 +1,1 @@
+"""Where replicas run: local child processes (default) and Kubernetes."""

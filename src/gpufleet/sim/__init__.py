@@ -1,0 +1,1 @@
+"""The fleet simulator: trace readers, the event loop, reports and plots."""

@@ -1,0 +1,1 @@
+"""Durable records: usage ledger, audit log, jobs."""
