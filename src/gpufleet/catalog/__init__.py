@@ -2,6 +2,7 @@
 
 from gpufleet.catalog._errors import CatalogError, UnknownGPUError, UnknownModelError
 from gpufleet.catalog._gpu import GPUSpec, Interconnect, LinkKind
+from gpufleet.catalog._hf import model_from_hf_config
 from gpufleet.catalog._load import get_gpu, get_model, load_gpus, load_models
 from gpufleet.catalog._model import ModelSpec
 
@@ -17,4 +18,5 @@ __all__ = [
     "get_model",
     "load_gpus",
     "load_models",
+    "model_from_hf_config",
 ]
