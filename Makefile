@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 # Until the gateway lands, the main job plans the default fleet.
 run: $(STAMP)
-	$(BIN)/gpufleet plan --fleet-default
+	$(BIN)/gpufleet plan
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -1,0 +1,520 @@
+"""Error of the step-time model against published measurements, and its speed.
+
+    .venv/bin/python bench/perf_model_error.py     # table + bench/results/perf_model_error.json
+
+Two reference sets:
+
+* ``published``: src/gpufleet/perf/data/references.yaml — vLLM, TensorRT-LLM and NIM numbers
+  from their own benchmarks and public write-ups (see that file's header for the scenarios);
+* ``hf-torch-h100``: src/gpufleet/perf/data/measured/h100-sxm-forward.json, forward passes of
+  a plain-PyTorch Llama on one H100 SXM (bench/gpu_calibration/calibrate.py), when that file
+  exists. Not vLLM: no scheduler, so they are compared with the model's GPU time (step time
+  minus its calibrated CPU overhead); CUDA-graph rows where there are some.
+
+Error is (predicted − measured) / measured. The headline is the median and maximum absolute
+error of each set. The speed section times ``StepTimeModel.step_time`` on a mix of batches
+against building those batches (a baseline from the same run: these machines are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.catalog import (
+    GPUSpec,
+    ModelSpec,
+    UnknownGPUError,
+    UnknownModelError,
+    get_gpu,
+    get_model,
+)
+from gpufleet.perf._calibration import efficiency_for
+from gpufleet.perf._dtype import Dtype
+from gpufleet.perf._step import BatchShape, StepTimeModel, smooth_roofline
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "bench" / "results" / "perf_model_error.json"
+DEFAULT_MEASURED = (
+    REPO / "src" / "gpufleet" / "perf" / "data" / "measured" / "h100-sxm-forward.json"
+)
+DEFAULT_BUDGET = 8192  # tokens per step (vLLM's max_num_batched_tokens for online serving)
+
+
+@dataclass
+class Row:
+    set: str
+    id: str
+    engine: str
+    model: str
+    gpu: str
+    setup: str
+    scenario: str
+    unit: str
+    measured: float
+    predicted: float | None
+    error_pct: float | None
+    source: str = ""
+    note: str = ""
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+
+# --- scenarios: published workloads in terms of step times ------------------------------------
+
+
+def prefill_batch(lengths: Iterable[tuple[int, int]]) -> BatchShape:
+    """Sequences prefilling ``(new, cached)`` tokens in one step."""
+    total = BatchShape()
+    for new, cached in lengths:
+        total = total + BatchShape.prefill(new, cached)
+    return total
+
+
+def prefill_steps(seqs: int, tokens: int, budget: int) -> list[BatchShape]:
+    """The steps that prefill ``seqs`` prompts of ``tokens`` each, ``budget`` tokens a step."""
+    remaining = [tokens] * seqs
+    done = [0] * seqs
+    steps = []
+    index = 0
+    while index < seqs:
+        room = budget
+        chunk: list[tuple[int, int]] = []
+        while index < seqs and room > 0:
+            take = min(room, remaining[index])
+            chunk.append((take, done[index]))
+            done[index] += take
+            remaining[index] -= take
+            room -= take
+            if remaining[index] == 0:
+                index += 1
+        steps.append(prefill_batch(chunk))
+    return steps
+
+
+def latency_run(model: StepTimeModel, batch: int, inp: int, out: int, budget: int | None) -> float:
+    """Seconds to prefill ``batch`` prompts and generate ``out`` tokens for each."""
+    steps = prefill_steps(batch, inp, budget or batch * inp)
+    total = sum(model.step_time(s).seconds for s in steps)  # the last one samples token 1
+    for k in range(1, out):
+        total += model.decode_time(batch, inp + k)
+    return total
+
+
+def decode_tpot(model: StepTimeModel, batch: int, inp: int, out: int) -> float:
+    """Mean decode step while the context grows from ``inp`` to ``inp + out``."""
+    steps = [model.decode_time(batch, inp + k) for k in range(1, out)]
+    return sum(steps) / len(steps)
+
+
+def serving_tpot(model: StepTimeModel, conc: int, inp: int, out: int, budget: int) -> float:
+    """Mean step time seen by a decoding request when ``conc`` are kept in flight.
+
+    While one request decodes its ``out`` tokens, each of the other ``conc - 1`` slots turns
+    over once: its next prompt of ``inp`` tokens is prefilled, in chunks of at most ``budget``
+    tokens, in steps shared with the decoding requests (arrivals assumed evenly spread). The
+    other steps are pure decode of all ``conc`` requests at their mean context.
+    """
+    chunks = math.ceil(inp / budget)
+    chunk = math.ceil(inp / chunks)
+    mean_cached = chunk * (chunks - 1) // 2
+    mean_context = inp + out // 2
+    pure = model.step_time(BatchShape.uniform_decode(conc, mean_context)).seconds
+    if conc == 1:
+        return pure
+    decoding = BatchShape.uniform_decode(conc - 1, mean_context)
+    chunk_steps = (conc - 1) * chunks
+    if chunk_steps <= out:
+        mixed = model.step_time(decoding + BatchShape.prefill(chunk, mean_cached)).seconds
+        return (chunk_steps * mixed + (out - chunk_steps) * pure) / out
+    per_step = max(1, round(chunk_steps / out))
+    mixed_batch = prefill_batch([(chunk, mean_cached)] * per_step)
+    return model.step_time(decoding + mixed_batch).seconds
+
+
+def evaluate(ref: dict[str, Any], model: StepTimeModel) -> float:
+    scenario = ref["scenario"]
+    inp = int(ref.get("input_tokens", 0))
+    out = int(ref.get("output_tokens", 0))
+    budget = ref.get("max_batched_tokens")
+    if scenario == "latency_run":
+        return latency_run(model, int(ref["batch"]), inp, out, budget)
+    if scenario == "static_throughput":
+        seconds = latency_run(model, int(ref["batch"]), inp, out, budget)
+        tokens_per_s = int(ref["batch"]) * out / seconds
+        return tokens_per_s / (model.tp * model.pp) if ref.get("per_gpu") else tokens_per_s
+    if scenario == "ttft":
+        return sum(model.step_time(s).seconds for s in prefill_steps(1, inp, budget or inp))
+    if scenario == "decode_tpot":
+        return decode_tpot(model, int(ref["batch"]), inp, out)
+    if scenario == "serving_tpot":
+        return serving_tpot(model, int(ref["concurrency"]), inp, out, budget or DEFAULT_BUDGET)
+    raise ValueError(f"{ref['id']}: unknown scenario {scenario!r}")
+
+
+def _catalog(model_name: str, gpu_name: str) -> tuple[ModelSpec, GPUSpec] | str:
+    try:
+        return get_model(model_name), get_gpu(gpu_name)
+    except (UnknownModelError, UnknownGPUError) as exc:
+        return f"not in catalog: {exc}"
+
+
+def published_rows(refs: list[dict[str, Any]]) -> list[Row]:
+    rows = []
+    for ref in refs:
+        weights = Dtype(ref.get("weights_dtype", "bf16"))
+        kv = Dtype(ref.get("kv_dtype", "bf16"))
+        tp, pp = int(ref.get("tp", 1)), int(ref.get("pp", 1))
+        setup = f"tp{tp}" + (f" pp{pp}" if pp > 1 else "") + f" {weights}"
+        row = Row(
+            set="published",
+            id=ref["id"],
+            engine=ref["engine"],
+            model=ref["model"],
+            gpu=ref["gpu"],
+            setup=setup,
+            scenario=_describe(ref),
+            unit=ref["unit"],
+            measured=float(ref["measured"]),
+            predicted=None,
+            error_pct=None,
+            source=ref.get("url", ""),
+            note=ref.get("assumed", ""),
+        )
+        specs = _catalog(ref["model"], ref["gpu"])
+        if isinstance(specs, str):
+            row.note = specs
+        else:
+            step_model = StepTimeModel(*specs, tp=tp, pp=pp, weights_dtype=weights, kv_dtype=kv)
+            row.predicted = evaluate(ref, step_model)
+            row.error_pct = 100.0 * (row.predicted - row.measured) / row.measured
+        rows.append(row)
+    return rows
+
+
+def _describe(ref: dict[str, Any]) -> str:
+    s = ref["scenario"]
+    io = f"{ref.get('input_tokens', '?')}/{ref.get('output_tokens', '-')}"
+    if s in ("latency_run", "static_throughput", "decode_tpot"):
+        return f"{s} b={ref['batch']} {io}"
+    if s == "serving_tpot":
+        return f"{s} c={ref['concurrency']} {io}"
+    return f"{s} {ref.get('input_tokens')}"
+
+
+# --- the HF/torch-on-H100 measurements ---------------------------------------------------------
+
+
+def _catalog_model_name(name: str) -> str:
+    """calibrate.py's ``llama3.1-8b`` → the catalog's ``llama-3.1-8b``."""
+    if name.startswith("llama") and not name.startswith("llama-"):
+        return "llama-" + name[len("llama") :]
+    return name
+
+
+def measured_rows(doc: dict[str, Any]) -> list[Row]:
+    gpu = get_gpu("h100-sxm")
+    rows: list[Row] = []
+    models: dict[tuple[str, int], StepTimeModel | str] = {}
+
+    def step_model(name: str, layers: int | None) -> StepTimeModel | str:
+        key = (name, layers or 0)
+        if key not in models:
+            try:
+                spec = get_model(_catalog_model_name(name))
+            except UnknownModelError as exc:
+                models[key] = f"not in catalog: {exc}"
+            else:
+                if layers and layers != spec.num_layers:
+                    spec = spec.model_copy(update={"num_layers": layers})
+                models[key] = StepTimeModel(spec, gpu)
+        return models[key]
+
+    def add(
+        kind: str, rec: dict[str, Any], scenario: str, predict: Callable[[StepTimeModel], float]
+    ) -> None:
+        m = step_model(rec["model"], rec.get("num_layers"))
+        row = Row(
+            set="hf-torch-h100",
+            id=f"{kind}-{rec['model']}-{scenario.replace(' ', '-')}",
+            engine="hf/torch (plain PyTorch Llama, not vLLM)",
+            model=_catalog_model_name(rec["model"]),
+            gpu="h100-sxm",
+            setup="tp1 bf16" + ("" if rec.get("cuda_graph", True) else " eager"),
+            scenario=scenario,
+            unit="s",
+            measured=float(rec["ms_p50"]) / 1e3,
+            predicted=None,
+            error_pct=None,
+            note="GPU time: model seconds minus calibrated CPU overhead",
+        )
+        if isinstance(m, str):
+            row.note = m
+        else:
+            row.predicted = predict(m)
+            row.error_pct = 100.0 * (row.predicted - row.measured) / row.measured
+        rows.append(row)
+
+    def gpu_time(m: StepTimeModel, batch: BatchShape) -> float:
+        t = m.step_time(batch)
+        return t.seconds - t.overhead
+
+    for rec in _prefer_graph(doc.get("decode", []), ("model", "batch", "context")):
+        b, c = int(rec["batch"]), int(rec["context"])
+        add(
+            "decode",
+            rec,
+            f"decode b={b} ctx={c}",
+            lambda m, b=b, c=c: gpu_time(m, BatchShape.uniform_decode(b, c + 1)),
+        )
+    for rec in _prefer_graph(
+        doc.get("prefill", []), ("model", "batch", "new_tokens", "cached_tokens")
+    ):
+        b, n, p = int(rec["batch"]), int(rec["new_tokens"]), int(rec["cached_tokens"])
+        add(
+            "prefill",
+            rec,
+            f"prefill b={b} new={n} cached={p}",
+            lambda m, b=b, n=n, p=p: gpu_time(m, prefill_batch([(n, p)] * b)),
+        )
+    for rec in _prefer_graph(doc.get("chain", []), ("model", "m")):
+        mm = int(rec["m"])
+        add(
+            "chain",
+            rec,
+            f"linear layers m={mm}",
+            lambda m, mm=mm: m.step_time(BatchShape.uniform_decode(mm, 1)).linear,
+        )
+    eff = efficiency_for(gpu)
+    for rec in doc.get("gemm", []):
+        mm, k, n = int(rec["m"]), int(rec["k"]), int(rec["n"])
+        compute = 2.0 * mm * k * n / (gpu.bf16_tflops * 1e12 * eff.gemm_flops_fraction)
+        memory = 2.0 * k * n / (gpu.memory_bandwidth_gb_s * 1e9 * eff.memory_bandwidth_fraction)
+        predicted = smooth_roofline(compute, memory, eff.roofline_exponent)
+        measured = float(rec["ms_p50"]) / 1e3
+        rows.append(
+            Row(
+                set="hf-torch-h100",
+                id=f"gemm-{rec.get('op')}-m{mm}",
+                engine="torch F.linear (cuBLAS)",
+                model=_catalog_model_name(str(rec.get("model", ""))),
+                gpu="h100-sxm",
+                setup="bf16",
+                scenario=f"gemm {rec.get('op')} m={mm} k={k} n={n}",
+                unit="s",
+                measured=measured,
+                predicted=predicted,
+                error_pct=100.0 * (predicted - measured) / measured,
+                note="one GEMM: roofline of 2mkn FLOPs and k·n weight bytes",
+            )
+        )
+    return rows
+
+
+def _prefer_graph(records: list[dict[str, Any]], key: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One record per point: the CUDA-graph one when both were measured."""
+    chosen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for rec in records:
+        k = (*(rec.get(f) for f in key), rec.get("num_layers"))
+        if k not in chosen or (rec.get("cuda_graph") and not chosen[k].get("cuda_graph")):
+            chosen[k] = rec
+    return list(chosen.values())
+
+
+def bandwidth_checks(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    gpu = get_gpu("h100-sxm")
+    eff = efficiency_for(gpu)
+    achievable = gpu.memory_bandwidth_gb_s * eff.memory_bandwidth_fraction
+    return [
+        {
+            "test": rec.get("test"),
+            "measured_gb_s": rec.get("gb_s_p50"),
+            "model_achievable_gb_s": round(achievable, 1),
+            "peak_gb_s": gpu.memory_bandwidth_gb_s,
+        }
+        for rec in doc.get("bandwidth", [])
+    ]
+
+
+# --- speed --------------------------------------------------------------------------------------
+
+
+def speed(calls: int) -> dict[str, float]:
+    model = StepTimeModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"))
+    moe = StepTimeModel(get_model("mixtral-8x7b"), get_gpu("h100-sxm"), tp=2)
+    specs = [(b, c, p) for b in (1, 8, 64, 256) for c in (128, 2048) for p in (0, 512)]
+    batches = [
+        BatchShape.uniform_decode(b, c) + (BatchShape.prefill(p, c) if p else BatchShape())
+        for b, c, p in specs
+    ]
+    rounds = max(1, calls // len(batches))
+
+    def rate(fn: Callable[[], object]) -> float:
+        best = math.inf
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        return rounds * len(batches) / best
+
+    def run(m: StepTimeModel) -> Callable[[], None]:
+        def go() -> None:
+            step = m.step_time
+            for _ in range(rounds):
+                for batch in batches:
+                    step(batch)
+
+        return go
+
+    def build() -> None:
+        for _ in range(rounds):
+            for b, c, _p in specs:
+                BatchShape.uniform_decode(b, c)
+
+    return {
+        "step_time_calls_per_s": rate(run(model)),
+        "step_time_moe_tp2_calls_per_s": rate(run(moe)),
+        "baseline_build_batchshape_per_s": rate(build),
+    }
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def summary(rows: list[Row]) -> dict[str, Any]:
+    errs = [abs(r.error_pct) for r in rows if r.error_pct is not None]
+    if not errs:
+        return {"points": 0}
+    return {
+        "points": len(errs),
+        "median_abs_error_pct": round(statistics.median(errs), 1),
+        "mean_abs_error_pct": round(statistics.fmean(errs), 1),
+        "max_abs_error_pct": round(max(errs), 1),
+        "within_25_pct": sum(e <= 25 for e in errs),
+        "skipped": sum(r.error_pct is None for r in rows),
+    }
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "s":
+        return f"{value * 1e3:,.2f} ms" if value < 10 else f"{value:,.2f} s"
+    return f"{value:,.0f} {unit}"
+
+
+def print_table(console: Console, title: str, rows: list[Row]) -> None:
+    table = Table(title=title, show_lines=False)
+    for col in (
+        "id",
+        "engine",
+        "gpu",
+        "model",
+        "setup",
+        "scenario",
+        "measured",
+        "predicted",
+        "error",
+    ):
+        table.add_column(
+            col, justify="right" if col in ("measured", "predicted", "error") else "left"
+        )
+    for r in rows:
+        err = "skipped" if r.error_pct is None else f"{r.error_pct:+.1f}%"
+        style = "red" if r.error_pct is not None and abs(r.error_pct) > 30 else None
+        table.add_row(
+            r.id, r.engine, r.gpu, r.model, r.setup, r.scenario,
+            _fmt(r.measured, r.unit), _fmt(r.predicted, r.unit), err, style=style,
+        )  # fmt: skip
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report path")
+    parser.add_argument(
+        "--measured", type=Path, default=DEFAULT_MEASURED, help="HF/torch H100 JSON"
+    )
+    parser.add_argument(
+        "--calls", type=int, default=200_000, help="step_time calls timed (0: skip)"
+    )
+    args = parser.parse_args(argv)
+    console = Console(width=200)
+
+    text = resources.files("gpufleet.perf").joinpath("data", "references.yaml").read_text("utf-8")
+    published = published_rows(yaml.safe_load(text)["references"])
+    print_table(console, "Step-time model vs published measurements", published)
+    sets = {"published": published}
+    groups = {
+        "published: vllm": [r for r in published if r.engine.startswith("vllm")],
+        "published: trt-llm / nim": [r for r in published if not r.engine.startswith("vllm")],
+    }
+    report: dict[str, Any] = {"command": "python bench/perf_model_error.py"}
+    if args.measured.exists():
+        doc = json.loads(args.measured.read_text("utf-8"))
+        measured = measured_rows(doc)
+        print_table(
+            console,
+            "Step-time model vs HF/torch forward passes on one H100 SXM (not vLLM)",
+            measured,
+        )
+        sets["hf-torch-h100"] = measured
+        groups["hf-torch-h100: decode+prefill"] = [
+            r for r in measured if r.id.startswith(("decode", "prefill"))
+        ]
+        groups["hf-torch-h100: chain+gemm"] = [
+            r for r in measured if r.id.startswith(("chain", "gemm"))
+        ]
+        report["bandwidth_checks"] = bandwidth_checks(doc)
+        for check in report["bandwidth_checks"]:
+            console.print(f"bandwidth {check['test']}: measured {check['measured_gb_s']} GB/s, "
+                          f"model streams at {check['model_achievable_gb_s']} GB/s")  # fmt: skip
+    else:
+        console.print(f"[dim]no HF/torch measurements at {args.measured} (skipped)[/dim]")
+
+    summaries = {name: summary(rows) for name, rows in {**sets, **groups}.items()}
+    sums = Table(title="Headline: absolute error of the model")
+    for col in ("set", "points", "median |err|", "mean |err|", "max |err|", "within 25%"):
+        sums.add_column(col)
+    for name, s in summaries.items():
+        if s["points"]:
+            sums.add_row(
+                name,
+                str(s["points"]),
+                f"{s['median_abs_error_pct']}%",
+                f"{s['mean_abs_error_pct']}%",
+                f"{s['max_abs_error_pct']}%",
+                str(s["within_25_pct"]),
+            )
+    console.print(sums)
+
+    if args.calls:
+        report["speed"] = speed(args.calls)
+        for name, value in report["speed"].items():
+            console.print(f"{name}: {value:,.0f}")
+    report["summary"] = summaries
+    report["rows"] = [asdict(r) for rows in sets.values() for r in rows]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", "utf-8")
+    console.print(
+        f"wrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""``python -m gpufleet`` runs the command line."""
+
+from gpufleet.cli import main
+
+main()

@@ -1,0 +1,28 @@
+"""The ``gpufleet`` command: one typer app, a module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from gpufleet import __version__
+from gpufleet.cli import _catalog_cmd, _plan_cmd
+
+app = typer.Typer(
+    name="gpufleet",
+    help="Control plane and simulator for GPU clusters that serve LLM inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("plan")(_plan_cmd.plan)
+app.add_typer(_catalog_cmd.app, name="catalog")
+
+
+@app.command()
+def version() -> None:
+    """Print gpufleet's version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app()

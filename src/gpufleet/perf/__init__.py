@@ -1,0 +1,48 @@
+"""The performance model: memory arithmetic and the step time of one engine iteration."""
+
+from gpufleet.perf._calibration import (
+    Calibration,
+    CalibrationError,
+    Efficiency,
+    LinkEfficiency,
+    efficiency_for,
+    load_calibration,
+)
+from gpufleet.perf._dtype import KV_DTYPES, Dtype, parse_dtype
+from gpufleet.perf._memory import (
+    GIB,
+    EngineLimits,
+    MemoryPlan,
+    Overheads,
+    Parallelism,
+    activation_bytes,
+    kv_bytes_per_token,
+    memory_plan,
+    weight_bytes,
+)
+from gpufleet.perf._step import BatchShape, Bound, StepTime, StepTimeModel
+
+__all__ = [
+    "GIB",
+    "KV_DTYPES",
+    "BatchShape",
+    "Bound",
+    "Calibration",
+    "CalibrationError",
+    "Dtype",
+    "Efficiency",
+    "EngineLimits",
+    "LinkEfficiency",
+    "MemoryPlan",
+    "Overheads",
+    "Parallelism",
+    "StepTime",
+    "StepTimeModel",
+    "activation_bytes",
+    "efficiency_for",
+    "kv_bytes_per_token",
+    "load_calibration",
+    "memory_plan",
+    "parse_dtype",
+    "weight_bytes",
+]

@@ -1,0 +1,432 @@
+"""Step time: how long one engine iteration takes for a given batch, on a given GPU setup.
+
+One iteration (vLLM's "step") runs every scheduled token through the model once: prompt
+tokens of sequences that are prefilling (whole prompts or chunks of them) and one token for
+each decoding sequence. There is no separate prefill phase; the batch says how many tokens of
+each kind the step carries, aggregated so that evaluating it is O(1)::
+
+    model = StepTimeModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"))
+    batch = BatchShape.prefill(512, cached=1024) + BatchShape.decode([900, 2000, 35])
+    model.step_time(batch).seconds        # 0.016 with the packaged constants
+    model.decode_time(64, 2048)           # 64 sequences at 2048 tokens of context each
+
+The model is a roofline per kernel family, summed (kernels run one after another)::
+
+    step = stage + pipeline_bubble + overhead
+    stage = linear + attention + elementwise + communication   (one GPU of one pipeline stage)
+    linear      = Σ_layers R(FLOPs / achievable FLOP/s, weight bytes / achievable bandwidth)
+    attention   = Σ_layers R(attention FLOPs / achievable FLOP/s, KV bytes / achievable bandwidth)
+    elementwise = Σ_layers (fixed per-layer floor + activation bytes / achievable bandwidth)
+    R(c, m)     = (c^p + m^p)^(1/p)                        (smooth roofline; p = inf is max)
+
+docs/perf-model.md derives every term and reports the error against published measurements.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpufleet.catalog import GPUSpec, ModelSpec
+from gpufleet.perf._calibration import Efficiency, efficiency_for
+from gpufleet.perf._dtype import KV_DTYPES, Dtype
+from gpufleet.perf._memory import Parallelism, _linear_bytes_per_param
+
+# Query rows that share one pass over the attended context in FlashAttention's prefill kernel
+# (its query tile); each tile streams the KV it attends once, so prefill KV reads are
+# (attended pairs / tile) tokens. Decode has one query per sequence and reads its context once.
+_PREFILL_QUERY_TILE = 64.0
+# All-reduces, the logits gather and pipeline hand-offs move 16-bit activations.
+_ACTIVATION_BYTES = 2.0
+# The LM head, embeddings, norms and routers stay 16-bit in quantised checkpoints.
+_HEAD_BYTES_PER_PARAM = 2.0
+
+
+class Bound(StrEnum):
+    """Which roof dominates a step: FLOPs or bytes."""
+
+    COMPUTE = "compute"
+    MEMORY = "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """What one engine iteration runs, aggregated over its sequences.
+
+    A prefilling sequence adds a chunk of ``n`` new tokens on top of ``c`` tokens already in
+    its KV cache (``c = 0`` for the first chunk). Causal attention makes new token ``i`` attend
+    to ``c + i`` positions::
+
+        KV:    [ c cached tokens ][ n new tokens ]
+        token c+1 attends ────────────────► c+1 positions
+        token c+n attends ─────────────────────────────► c+n positions
+        Σ attended = n·c + n(n+1)/2        (prefill_attn_context)
+
+    A decoding sequence adds one token and attends to its whole context (``decode_context``
+    sums the context lengths). Sums over sequences add, so ``a + b`` is the batch that runs
+    ``a`` and ``b`` together.
+    """
+
+    prefill_tokens: int = 0
+    """New prompt tokens in this step (whole prompts or chunks)."""
+    prefill_seqs: int = 0
+    """Sequences contributing prefill tokens."""
+    prefill_attn_context: int = 0
+    """Σ over prefill tokens of the positions each attends to (see the diagram)."""
+    decode_seqs: int = 0
+    """Sequences decoding one token each."""
+    decode_context: int = 0
+    """Σ of the decoding sequences' context lengths (tokens in their KV cache)."""
+
+    def __post_init__(self) -> None:
+        for name in _BATCH_FIELDS:
+            if getattr(self, name) < 0:
+                raise ValueError(f"BatchShape.{name} must be >= 0, got {getattr(self, name)}")
+        if self.prefill_tokens == 0:
+            if self.prefill_seqs or self.prefill_attn_context:
+                raise ValueError(
+                    "BatchShape has prefill_seqs or prefill_attn_context but no prefill_tokens"
+                )
+        elif not 1 <= self.prefill_seqs <= self.prefill_tokens:
+            raise ValueError(
+                f"BatchShape.prefill_seqs must be in [1, prefill_tokens={self.prefill_tokens}], "
+                f"got {self.prefill_seqs}"
+            )
+        elif self.prefill_attn_context < self.prefill_tokens:
+            raise ValueError(
+                f"BatchShape.prefill_attn_context ({self.prefill_attn_context}) must be at least "
+                f"prefill_tokens ({self.prefill_tokens}): every token attends to itself; "
+                "build prefill batches with BatchShape.prefill(new_tokens, cached)"
+            )
+        if self.decode_context < self.decode_seqs:
+            raise ValueError(
+                f"BatchShape.decode_context ({self.decode_context}) must be at least decode_seqs "
+                f"({self.decode_seqs}): every decoding sequence has at least one token of context"
+            )
+
+    @classmethod
+    def prefill(cls, new_tokens: int, cached: int = 0) -> BatchShape:
+        """One sequence prefilling ``new_tokens`` on top of ``cached`` tokens already in KV."""
+        if new_tokens < 1:
+            raise ValueError(f"a prefill chunk needs at least one new token, got {new_tokens}")
+        if cached < 0:
+            raise ValueError(f"cached tokens must be >= 0, got {cached}")
+        attended = new_tokens * cached + new_tokens * (new_tokens + 1) // 2
+        return cls(prefill_tokens=new_tokens, prefill_seqs=1, prefill_attn_context=attended)
+
+    @classmethod
+    def decode(cls, context_lengths: Iterable[int]) -> BatchShape:
+        """Sequences decoding one token each, with these context lengths."""
+        seqs = total = 0
+        for length in context_lengths:
+            if length < 1:
+                raise ValueError(f"a decoding sequence needs context >= 1, got {length}")
+            seqs += 1
+            total += length
+        return cls(decode_seqs=seqs, decode_context=total)
+
+    @classmethod
+    def uniform_decode(cls, seqs: int, context: int) -> BatchShape:
+        """``seqs`` sequences decoding, each with ``context`` tokens of context."""
+        if seqs < 0 or (seqs and context < 1):
+            raise ValueError(f"need seqs >= 0 and context >= 1, got seqs={seqs} context={context}")
+        return cls(decode_seqs=seqs, decode_context=seqs * context)
+
+    def __add__(self, other: BatchShape) -> BatchShape:
+        if not isinstance(other, BatchShape):
+            return NotImplemented
+        return BatchShape(
+            self.prefill_tokens + other.prefill_tokens,
+            self.prefill_seqs + other.prefill_seqs,
+            self.prefill_attn_context + other.prefill_attn_context,
+            self.decode_seqs + other.decode_seqs,
+            self.decode_context + other.decode_context,
+        )
+
+    @property
+    def is_empty(self) -> bool:
+        return self.prefill_tokens == 0 and self.decode_seqs == 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens that run through the model in this step."""
+        return self.prefill_tokens + self.decode_seqs
+
+    @property
+    def seqs(self) -> int:
+        return self.prefill_seqs + self.decode_seqs
+
+
+_BATCH_FIELDS = (
+    "prefill_tokens",
+    "prefill_seqs",
+    "prefill_attn_context",
+    "decode_seqs",
+    "decode_context",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """One step's duration and where it goes (all in seconds).
+
+    ``seconds = linear + attention + elementwise + communication + pipeline_bubble + overhead``.
+    ``compute`` and ``memory`` are the two roofs the linear and attention terms combine:
+    the step's FLOPs at achievable FLOP/s and its bytes (weights + KV) at achievable bandwidth,
+    on one GPU of one stage. ``bound`` names the larger.
+    """
+
+    seconds: float
+    linear: float
+    """Linear layers and LM head (GEMMs): weights read once, FLOPs per token."""
+    attention: float
+    """Attention kernels: KV reads and writes, FLOPs per attended pair."""
+    elementwise: float
+    """Norms, rotary, activation and residual kernels: a per-layer floor plus their bytes."""
+    communication: float
+    """Tensor-parallel all-reduces (two per layer) and the logits gather."""
+    pipeline_bubble: float
+    """Time this batch waits on the other pipeline stages (0 when pp = 1)."""
+    overhead: float
+    """Per-step CPU work the GPU waits for (scheduling, sampling), calibrated."""
+    compute: float
+    memory: float
+    bound: Bound
+    interval: float
+    """Time between step completions when ``pp`` batches are in flight (= seconds at pp = 1)."""
+
+
+_EMPTY = StepTime(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, Bound.MEMORY, 0.0)
+
+
+class StepTimeModel:
+    """Step times of one model on one GPU type, split ``tp`` ways per stage and ``pp`` stages.
+
+    Everything that depends only on the setup is computed here, so ``step_time`` is a few dozen
+    float operations. All quantities are per GPU of the most loaded pipeline stage.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        weights_dtype: Dtype = Dtype.BF16,
+        kv_dtype: Dtype = Dtype.BF16,
+        efficiency: Efficiency | None = None,
+    ) -> None:
+        Parallelism(tp=tp, pp=pp).check(model)
+        if kv_dtype not in KV_DTYPES:
+            allowed = ", ".join(sorted(KV_DTYPES))
+            raise ValueError(f"kv_dtype {kv_dtype!r} is not a KV-cache dtype; expected {allowed}")
+        eff = efficiency if efficiency is not None else efficiency_for(gpu)
+        self.model = model
+        self.gpu = gpu
+        self.tp = tp
+        self.pp = pp
+        self.weights_dtype = weights_dtype
+        self.kv_dtype = kv_dtype
+        self.efficiency = eff
+
+        self._layers = math.ceil(model.num_layers / pp)
+        self._count_work(model, tp, weights_dtype, kv_dtype)
+        self._set_rates(gpu, weights_dtype, eff)
+        self._set_links(model, gpu, tp, pp, eff)
+        self._layer_floor = eff.layer_overhead_s
+        self._step_overhead = eff.step_overhead_s
+        self._prefill_overhead = eff.prefill_overhead_s
+        self._seq_overhead = eff.sequence_overhead_s
+
+    def _count_work(self, model: ModelSpec, tp: int, weights: Dtype, kv: Dtype) -> None:
+        """FLOPs and bytes per token, per layer and GPU (q and o sharded by tp, k and v by head)."""
+        h = model.hidden_size
+        kv_heads = max(1, model.num_kv_heads // tp)  # replicated when tp > kv heads
+        bytes_per_param = _linear_bytes_per_param(weights)
+        attn_params = 2 * h * model.q_dim / tp + 2 * h * kv_heads * model.head_dim
+        expert_params = model.expert_params() / tp
+        router_params = h * model.num_experts if model.is_moe else 0
+        dense_params = attn_params + (0.0 if model.is_moe else expert_params)
+        self._dense_flops_per_token = 2.0 * (dense_params + router_params)
+        self._dense_bytes = dense_params * bytes_per_param + router_params * _HEAD_BYTES_PER_PARAM
+        self._moe = model.is_moe
+        self._experts = float(model.num_experts)
+        self._expert_miss = 1.0 - model.experts_per_token / model.num_experts
+        self._moe_flops_per_token = 2.0 * model.experts_per_token * expert_params
+        self._expert_bytes = expert_params * bytes_per_param
+        head_params = model.vocab_size * h / tp
+        self._head_flops_per_logit = 2.0 * head_params
+        self._head_bytes = head_params * _HEAD_BYTES_PER_PARAM
+        self._attn_flops_per_pair = 4.0 * model.q_dim / tp
+        self._kv_bytes_per_token = 2.0 * kv_heads * model.head_dim * kv.bytes
+        # Elementwise traffic: SwiGLU's silu-and-mul reads 2 and writes 1 intermediate vector
+        # per active expert, two fused add-norms read and write 4 hidden vectors each, rotary
+        # reads and writes q and k.
+        act_elements = (
+            3 * model.experts_per_token * model.intermediate_size / tp
+            + 8 * h
+            + 2 * (model.q_dim / tp + kv_heads * model.head_dim)
+        )
+        self._act_bytes_per_token = act_elements * _ACTIVATION_BYTES
+
+    def _set_rates(self, gpu: GPUSpec, weights: Dtype, eff: Efficiency) -> None:
+        """Achievable FLOP/s and bytes/s: datasheet peaks times the calibrated fractions."""
+        peak16 = (gpu.fp16_tflops if weights is Dtype.FP16 else gpu.bf16_tflops) * 1e12
+        self._linear_rate = _linear_flops_rate(gpu, weights, eff)
+        self._head_rate = peak16 * eff.gemm_flops_fraction
+        self._attn_rate = peak16 * eff.attention_flops_fraction
+        self._bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * eff.memory_bandwidth_fraction
+        p = eff.roofline_exponent
+        self._p = p if math.isfinite(p) else None
+        self._inv_p = 1.0 / p if math.isfinite(p) else 0.0
+
+    def _set_links(self, model: ModelSpec, gpu: GPUSpec, tp: int, pp: int, eff: Efficiency) -> None:
+        """All-reduce and pipeline hand-off costs over the GPU's scale-up link, else PCIe."""
+        link = gpu.interconnect
+        if link.has_scale_up_link and link.gpu_link_gb_s is not None:
+            link_gb_s = link.gpu_link_gb_s / 2.0  # the catalog quotes both directions together
+        else:
+            link_gb_s = link.pcie_gb_s
+        link_eff = eff.link(link.kind)
+        link_bw = link_gb_s * 1e9 * link_eff.bandwidth_fraction
+        act = _ACTIVATION_BYTES
+        self._ar_latency = self._ar_s_per_token = self._gather_s_per_logit = 0.0
+        self._allreduces = 0
+        if tp > 1:  # a ring all-reduce sends and receives 2(tp-1)/tp of the message
+            self._ar_latency = link_eff.allreduce_latency_s
+            self._ar_s_per_token = 2.0 * (tp - 1) / tp * model.hidden_size * act / link_bw
+            self._gather_s_per_logit = (tp - 1) / tp * model.vocab_size * act / link_bw
+            self._allreduces = 2 * self._layers + 1  # two per layer + vocab-parallel embedding
+        self._p2p_latency = eff.pipeline_transfer_latency_s if pp > 1 else 0.0
+        self._p2p_s_per_token = model.hidden_size * act / link_bw if pp > 1 else 0.0
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        """Weight bytes one GPU streams per step when every expert is touched."""
+        experts = self._experts if self._moe else 0.0
+        per_layer = self._dense_bytes + experts * self._expert_bytes
+        return self._layers * per_layer + self._head_bytes
+
+    @property
+    def achievable_bandwidth(self) -> float:
+        """Bytes per second one GPU streams from HBM (peak × calibrated fraction)."""
+        return self._bandwidth
+
+    def step_time(self, batch: BatchShape) -> StepTime:
+        """The duration of one iteration that runs ``batch`` (zero for an empty batch)."""
+        tokens = batch.prefill_tokens + batch.decode_seqs
+        if tokens == 0:
+            return _EMPTY
+        seqs = batch.prefill_seqs + batch.decode_seqs  # each produces logits (vLLM V1)
+        layers = self._layers
+        bw = self._bandwidth
+
+        dense_c = tokens * self._dense_flops_per_token / self._linear_rate
+        dense_m = self._dense_bytes / bw
+        compute = layers * dense_c
+        memory = layers * dense_m
+        linear = layers * self._roof(dense_c, dense_m)
+        if self._moe:
+            touched = self._experts * (1.0 - math.pow(self._expert_miss, tokens))
+            moe_c = tokens * self._moe_flops_per_token / self._linear_rate
+            moe_m = touched * self._expert_bytes / bw
+            compute += layers * moe_c
+            memory += layers * moe_m
+            linear += layers * self._roof(moe_c, moe_m)
+        head_c = seqs * self._head_flops_per_logit / self._head_rate
+        head_m = self._head_bytes / bw
+        compute += head_c
+        memory += head_m
+        linear += self._roof(head_c, head_m)
+
+        pairs = batch.prefill_attn_context + batch.decode_context
+        kv_tokens = batch.decode_context + batch.prefill_attn_context / _PREFILL_QUERY_TILE + tokens
+        attn_c = pairs * self._attn_flops_per_pair / self._attn_rate
+        attn_m = kv_tokens * self._kv_bytes_per_token / bw
+        compute += layers * attn_c
+        memory += layers * attn_m
+        attention = layers * self._roof(attn_c, attn_m)
+
+        act_m = tokens * self._act_bytes_per_token / bw
+        memory += layers * act_m
+        elementwise = layers * (self._layer_floor + act_m)
+
+        communication = 0.0
+        if self._allreduces:
+            per_allreduce = self._ar_latency + tokens * self._ar_s_per_token
+            gather = self._ar_latency + seqs * self._gather_s_per_logit
+            communication = self._allreduces * per_allreduce + gather
+
+        stage = linear + attention + elementwise + communication
+        bubble = 0.0
+        hand_off = 0.0
+        if self.pp > 1:
+            hand_off = self._p2p_latency + tokens * self._p2p_s_per_token
+            bubble = (self.pp - 1) * (stage + hand_off)
+        overhead = self._step_overhead + seqs * self._seq_overhead
+        if batch.prefill_tokens:
+            overhead += self._prefill_overhead
+        return StepTime(
+            seconds=stage + bubble + overhead,
+            linear=linear,
+            attention=attention,
+            elementwise=elementwise,
+            communication=communication,
+            pipeline_bubble=bubble,
+            overhead=overhead,
+            compute=compute,
+            memory=memory,
+            bound=Bound.COMPUTE if compute >= memory else Bound.MEMORY,
+            interval=stage + hand_off + overhead,
+        )
+
+    def prefill_time(self, tokens: int, cached: int = 0) -> float:
+        """Seconds for one step that prefills ``tokens`` of one sequence on top of ``cached``."""
+        return self.step_time(BatchShape.prefill(tokens, cached)).seconds
+
+    def decode_time(self, batch: int, context: int) -> float:
+        """Seconds for one decode step of ``batch`` sequences with ``context`` tokens each."""
+        return self.step_time(BatchShape.uniform_decode(batch, context)).seconds
+
+    def _roof(self, compute: float, memory: float) -> float:
+        # smooth_roofline with the exponent bound at construction (this runs ~6x per step)
+        big = compute if compute > memory else memory
+        if self._p is None or big == 0.0:
+            return big
+        small = (compute + memory - big) / big
+        return big * math.pow(1.0 + math.pow(small, self._p), self._inv_p)
+
+
+def smooth_roofline(compute_s: float, memory_s: float, exponent: float) -> float:
+    """Time of a kernel that needs ``compute_s`` at full FLOP rate and ``memory_s`` at full
+    bandwidth: ``(compute_s**p + memory_s**p)**(1/p)``, ``max`` for ``p = inf``.
+
+    It is never below either roof and at most ``2**(1/p)`` above the larger, reached at the
+    ridge point where both are equal (26 % for p = 3). Being a p-norm it is subadditive, so
+    one kernel over two batches is never slower than two kernels, one per batch.
+    """
+    big = max(compute_s, memory_s)
+    if not math.isfinite(exponent) or big == 0.0:
+        return big
+    small = min(compute_s, memory_s) / big
+    return big * math.pow(1.0 + math.pow(small, exponent), 1.0 / exponent)
+
+
+def _linear_flops_rate(gpu: GPUSpec, dtype: Dtype, eff: Efficiency) -> float:
+    """Achievable FLOP/s of the linear layers for weights stored as ``dtype``.
+
+    fp8/int8 weights compute in 8 bits (W8A8) where the GPU has the tensor-core rate; without
+    it they are weight-only, dequantised to 16 bits like int4 (W4A16). fp32 runs as TF32.
+    """
+    if dtype is Dtype.FP8 and gpu.fp8_tflops is not None:
+        return gpu.fp8_tflops * 1e12 * eff.quantized_gemm_flops_fraction
+    if dtype is Dtype.INT8 and gpu.int8_tops is not None:
+        return gpu.int8_tops * 1e12 * eff.quantized_gemm_flops_fraction
+    if dtype is Dtype.FP16:
+        return gpu.fp16_tflops * 1e12 * eff.gemm_flops_fraction
+    if dtype is Dtype.FP32:
+        return gpu.bf16_tflops * 0.5e12 * eff.gemm_flops_fraction
+    return gpu.bf16_tflops * 1e12 * eff.gemm_flops_fraction
