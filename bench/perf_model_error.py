@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -42,9 +43,8 @@ from gpufleet.catalog import (
     get_gpu,
     get_model,
 )
-from gpufleet.perf._calibration import efficiency_for
-from gpufleet.perf._dtype import Dtype
-from gpufleet.perf._step import BatchShape, StepTimeModel, smooth_roofline
+from gpufleet.perf import BatchShape, Dtype, StepTimeModel, efficiency_for
+from gpufleet.perf._step import smooth_roofline
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "perf_model_error.json"
@@ -218,7 +218,12 @@ def _describe(ref: dict[str, Any]) -> str:
 
 
 def _catalog_model_name(name: str) -> str:
-    """calibrate.py's ``llama3.1-8b`` → the catalog's ``llama-3.1-8b``."""
+    """calibrate.py's ``llama3.1-70b-8L`` → the catalog's ``llama-3.1-70b``.
+
+    A ``-<n>L`` suffix marks a model cut to ``n`` layers to fit one GPU; the rows carry
+    ``num_layers`` and the bench builds that cut of the catalog model.
+    """
+    name = re.sub(r"-\d+L$", "", name)
     if name.startswith("llama") and not name.startswith("llama-"):
         return "llama-" + name[len("llama") :]
     return name
@@ -242,10 +247,13 @@ def measured_rows(doc: dict[str, Any]) -> list[Row]:
                 models[key] = StepTimeModel(spec, gpu)
         return models[key]
 
+    configs = doc.get("models", {})
+
     def add(
         kind: str, rec: dict[str, Any], scenario: str, predict: Callable[[StepTimeModel], float]
     ) -> None:
-        m = step_model(rec["model"], rec.get("num_layers"))
+        layers = rec.get("num_layers") or configs.get(rec["model"], {}).get("num_layers")
+        m = step_model(rec["model"], layers)
         row = Row(
             set="hf-torch-h100",
             id=f"{kind}-{rec['model']}-{scenario.replace(' ', '-')}",
@@ -441,6 +449,27 @@ def print_table(console: Console, title: str, rows: list[Row]) -> None:
     console.print(table)
 
 
+def print_groups(console: Console, rows: list[Row]) -> None:
+    """Signed error by kind of measurement and model: the bias, not just its size."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if r.error_pct is not None:
+            groups.setdefault((r.id.split("-")[0], r.model), []).append(r.error_pct)
+    table = Table(title="HF/torch set by kind: signed error (predicted − measured)")
+    for col in ("kind", "model", "points", "median", "min", "max"):
+        table.add_column(col)
+    for (kind, model), errs in sorted(groups.items()):
+        table.add_row(
+            kind,
+            model,
+            str(len(errs)),
+            f"{statistics.median(errs):+.1f}%",
+            f"{min(errs):+.1f}%",
+            f"{max(errs):+.1f}%",
+        )
+    console.print(table)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -451,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--calls", type=int, default=200_000, help="step_time calls timed (0: skip)"
+    )
+    parser.add_argument(
+        "--worst", type=int, default=15, help="HF/torch rows to print (largest errors first)"
     )
     args = parser.parse_args(argv)
     console = Console(width=200)
@@ -467,11 +499,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.measured.exists():
         doc = json.loads(args.measured.read_text("utf-8"))
         measured = measured_rows(doc)
+        worst = sorted(measured, key=lambda r: -abs(r.error_pct or 0.0))[: args.worst]
         print_table(
             console,
-            "Step-time model vs HF/torch forward passes on one H100 SXM (not vLLM)",
-            measured,
+            f"Step-time model vs HF/torch forward passes on one H100 SXM (not vLLM): "
+            f"the {len(worst)} largest errors of {len(measured)} (all in the JSON)",
+            worst,
         )
+        print_groups(console, measured)
         sets["hf-torch-h100"] = measured
         groups["hf-torch-h100: decode+prefill"] = [
             r for r in measured if r.id.startswith(("decode", "prefill"))

@@ -15,13 +15,8 @@ import pytest
 import yaml
 
 from gpufleet.catalog import LinkKind, get_gpu, get_model, load_gpus
-from gpufleet.perf._calibration import (
-    CalibrationError,
-    efficiency_for,
-    load_calibration,
-    parse_calibration,
-)
-from gpufleet.perf._dtype import Dtype
+from gpufleet.perf import CalibrationError, Dtype, efficiency_for, load_calibration
+from gpufleet.perf._calibration import parse_calibration
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,7 +50,8 @@ def test_gpu_overrides_apply_on_top_of_defaults() -> None:
     cal = load_calibration()
     h100 = efficiency_for(get_gpu("h100-sxm"))
     assert h100 == cal.for_gpu("h100-sxm") == efficiency_for("h100-sxm")
-    assert h100.memory_bandwidth_fraction == cal.overrides["h100-sxm"]["memory_bandwidth_fraction"]
+    assert h100.attention_flops_fraction == cal.overrides["h100-sxm"]["attention_flops_fraction"]
+    assert h100.attention_flops_fraction != cal.defaults.attention_flops_fraction
     assert h100.step_overhead_s == cal.defaults.step_overhead_s
     assert efficiency_for("some-future-gpu") == cal.defaults
 
@@ -95,7 +91,7 @@ def _bad(mutate: Any) -> dict[str, Any]:
         (lambda d: d["defaults"]["gemm_flops_fraction"].pop("why"), "expected {value"),
         (lambda d: d["defaults"]["gemm_flops_fraction"].update(value="high"), "must be a number"),
         (
-            lambda d: d["gpus"]["h100-sxm"]["memory_bandwidth_fraction"].update(value=3),
+            lambda d: d["gpus"]["h100-sxm"]["attention_flops_fraction"].update(value=3),
             "gpus.h100-sxm",
         ),
         (lambda d: d["defaults"]["links"].update(ethernet={}), "'links' must map"),

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from gpufleet.catalog import GPUSpec, Interconnect, LinkKind, get_gpu, get_model
-from gpufleet.perf._dtype import Dtype
-from gpufleet.perf._step import BatchShape, Bound, StepTime, StepTimeModel, smooth_roofline
+from gpufleet.perf import BatchShape, Bound, Dtype, StepTime, StepTimeModel
+from gpufleet.perf._step import smooth_roofline
 from tests.factories import make_70b, make_gpu, make_model
 
 
@@ -27,7 +27,9 @@ def parts(t: StepTime) -> float:
 def test_prefill_counts_causal_attention_by_hand() -> None:
     # 4 new tokens on 10 cached: they attend to 11, 12, 13 and 14 positions.
     batch = BatchShape.prefill(4, cached=10)
-    assert batch == BatchShape(prefill_tokens=4, prefill_seqs=1, prefill_attn_context=50)
+    assert batch == BatchShape(
+        prefill_tokens=4, prefill_seqs=1, prefill_attn_context=50, prefill_context=14
+    )
     assert BatchShape.prefill(3).prefill_attn_context == 1 + 2 + 3
 
 
@@ -36,7 +38,7 @@ def test_decode_sums_contexts_and_batches_add() -> None:
     assert (decode.decode_seqs, decode.decode_context) == (2, 128)
     assert BatchShape.uniform_decode(2, 64) == BatchShape(decode_seqs=2, decode_context=128)
     both = BatchShape.prefill(4, cached=10) + decode
-    assert both == BatchShape(4, 1, 50, 2, 128)
+    assert both == BatchShape(4, 1, 50, 2, 128, prefill_context=14)
     assert (both.tokens, both.seqs) == (6, 3)
     assert BatchShape().is_empty
     assert not both.is_empty
@@ -50,6 +52,15 @@ def test_decode_sums_contexts_and_batches_add() -> None:
         ({"prefill_seqs": 1}, "no prefill_tokens"),
         ({"prefill_tokens": 8, "prefill_seqs": 0, "prefill_attn_context": 36}, "prefill_seqs"),
         ({"prefill_tokens": 8, "prefill_seqs": 1}, "BatchShape.prefill"),
+        (
+            {
+                "prefill_tokens": 2,
+                "prefill_seqs": 1,
+                "prefill_attn_context": 3,
+                "prefill_context": 9,
+            },
+            "cannot exceed",
+        ),
     ],
 )
 def test_bad_batches_are_rejected(kwargs: dict[str, int], message: str) -> None:
@@ -188,6 +199,15 @@ def test_fp8_weights_decode_faster_than_bf16() -> None:
     fp8 = h100_8b(weights_dtype=Dtype.FP8).decode_time(8, 2048)
     int4 = h100_8b(weights_dtype=Dtype.INT4).decode_time(8, 2048)
     assert int4 < fp8 < 0.8 * bf16
+
+
+def test_a_small_chunk_on_a_long_prefix_streams_the_prefix() -> None:
+    model = h100_8b()
+    chunk = BatchShape.prefill(16, cached=100_000)
+    unknown_prefix = BatchShape(16, 1, chunk.prefill_attn_context)  # prefill_context left at 0
+    long_decode = model.step_time(BatchShape.uniform_decode(16, 100_000)).attention
+    assert model.step_time(chunk).attention > 0.05 * long_decode
+    assert model.step_time(unknown_prefix).attention < model.step_time(chunk).attention
 
 
 def test_fp8_kv_cache_halves_kv_reads() -> None:

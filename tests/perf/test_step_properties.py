@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.catalog import get_gpu, get_model
-from gpufleet.perf._dtype import Dtype
-from gpufleet.perf._step import BatchShape, StepTimeModel
+from gpufleet.perf import BatchShape, Dtype, StepTimeModel
 
 MODELS = {
     "8b-h100": StepTimeModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm")),

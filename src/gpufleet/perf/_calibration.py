@@ -70,7 +70,9 @@ class Efficiency:
     attention_flops_fraction: float
     """Share of dense 16-bit peak reached by the attention kernel (FlashAttention) on prefill."""
     memory_bandwidth_fraction: float
-    """Share of HBM peak reached when streaming weights and KV cache."""
+    """Share of HBM peak reached when streaming weights (GEMV-like decode GEMMs, elementwise)."""
+    kv_bandwidth_fraction: float
+    """Share of HBM peak the attention kernels reach when streaming the KV cache."""
     roofline_exponent: float
     """p of the smooth roofline ``(t_compute**p + t_memory**p)**(1/p)``; ``inf`` is a hard max."""
     step_overhead_s: float
@@ -93,6 +95,7 @@ class Efficiency:
             "quantized_gemm_flops_fraction",
             "attention_flops_fraction",
             "memory_bandwidth_fraction",
+            "kv_bandwidth_fraction",
         ):
             _check_fraction(name, getattr(self, name))
         if not self.roofline_exponent >= 1.0:

@@ -34,10 +34,6 @@ from gpufleet.perf._calibration import Efficiency, efficiency_for
 from gpufleet.perf._dtype import KV_DTYPES, Dtype
 from gpufleet.perf._memory import Parallelism, _linear_bytes_per_param
 
-# Query rows that share one pass over the attended context in FlashAttention's prefill kernel
-# (its query tile); each tile streams the KV it attends once, so prefill KV reads are
-# (attended pairs / tile) tokens. Decode has one query per sequence and reads its context once.
-_PREFILL_QUERY_TILE = 64.0
 # All-reduces, the logits gather and pipeline hand-offs move 16-bit activations.
 _ACTIVATION_BYTES = 2.0
 # The LM head, embeddings, norms and routers stay 16-bit in quantised checkpoints.
@@ -67,6 +63,11 @@ class BatchShape:
     A decoding sequence adds one token and attends to its whole context (``decode_context``
     sums the context lengths). Sums over sequences add, so ``a + b`` is the batch that runs
     ``a`` and ``b`` together.
+
+    ``prefill_context`` (Σ of ``c + n``) is what the attention kernel streams from the KV cache
+    for the prefilling sequences; ``BatchShape.prefill`` fills it. Left at 0 in a hand-built
+    batch, only the chunk's own ``n`` tokens are counted: exact for whole prompts, low for small
+    chunks on long cached prefixes.
     """
 
     prefill_tokens: int = 0
@@ -79,6 +80,8 @@ class BatchShape:
     """Sequences decoding one token each."""
     decode_context: int = 0
     """Σ of the decoding sequences' context lengths (tokens in their KV cache)."""
+    prefill_context: int = 0
+    """Σ over prefilling sequences of their context after this step (cached + new tokens)."""
 
     def __post_init__(self) -> None:
         for name in _BATCH_FIELDS:
@@ -100,6 +103,11 @@ class BatchShape:
                 f"prefill_tokens ({self.prefill_tokens}): every token attends to itself; "
                 "build prefill batches with BatchShape.prefill(new_tokens, cached)"
             )
+        if self.prefill_context > self.prefill_attn_context:
+            raise ValueError(
+                f"BatchShape.prefill_context ({self.prefill_context}) cannot exceed "
+                f"prefill_attn_context ({self.prefill_attn_context})"
+            )
         if self.decode_context < self.decode_seqs:
             raise ValueError(
                 f"BatchShape.decode_context ({self.decode_context}) must be at least decode_seqs "
@@ -114,7 +122,12 @@ class BatchShape:
         if cached < 0:
             raise ValueError(f"cached tokens must be >= 0, got {cached}")
         attended = new_tokens * cached + new_tokens * (new_tokens + 1) // 2
-        return cls(prefill_tokens=new_tokens, prefill_seqs=1, prefill_attn_context=attended)
+        return cls(
+            prefill_tokens=new_tokens,
+            prefill_seqs=1,
+            prefill_attn_context=attended,
+            prefill_context=cached + new_tokens,
+        )
 
     @classmethod
     def decode(cls, context_lengths: Iterable[int]) -> BatchShape:
@@ -143,6 +156,7 @@ class BatchShape:
             self.prefill_attn_context + other.prefill_attn_context,
             self.decode_seqs + other.decode_seqs,
             self.decode_context + other.decode_context,
+            self.prefill_context + other.prefill_context,
         )
 
     @property
@@ -165,6 +179,7 @@ _BATCH_FIELDS = (
     "prefill_attn_context",
     "decode_seqs",
     "decode_context",
+    "prefill_context",
 )
 
 
@@ -173,9 +188,10 @@ class StepTime:
     """One step's duration and where it goes (all in seconds).
 
     ``seconds = linear + attention + elementwise + communication + pipeline_bubble + overhead``.
-    ``compute`` and ``memory`` are the two roofs the linear and attention terms combine:
-    the step's FLOPs at achievable FLOP/s and its bytes (weights + KV) at achievable bandwidth,
-    on one GPU of one stage. ``bound`` names the larger.
+    ``compute`` and ``memory`` are the roofs the kernel terms combine: the step's FLOPs at
+    achievable FLOP/s and its bytes (weights, KV cache, activations) at achievable bandwidth,
+    on one GPU of one stage. They overlap, so they do not add up to ``seconds``; ``bound``
+    names the larger.
     """
 
     seconds: float
@@ -279,6 +295,7 @@ class StepTimeModel:
         self._head_rate = peak16 * eff.gemm_flops_fraction
         self._attn_rate = peak16 * eff.attention_flops_fraction
         self._bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * eff.memory_bandwidth_fraction
+        self._kv_bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * eff.kv_bandwidth_fraction
         p = eff.roofline_exponent
         self._p = p if math.isfinite(p) else None
         self._inv_p = 1.0 / p if math.isfinite(p) else 0.0
@@ -343,9 +360,12 @@ class StepTimeModel:
         linear += self._roof(head_c, head_m)
 
         pairs = batch.prefill_attn_context + batch.decode_context
-        kv_tokens = batch.decode_context + batch.prefill_attn_context / _PREFILL_QUERY_TILE + tokens
+        # Decode streams each context once; a prefill chunk streams its context once per layer
+        # (its query tiles share it through L2). Every new token's K and V are written.
+        prefill_reads = max(batch.prefill_context, batch.prefill_tokens)
+        kv_tokens = batch.decode_context + prefill_reads + tokens
         attn_c = pairs * self._attn_flops_per_pair / self._attn_rate
-        attn_m = kv_tokens * self._kv_bytes_per_token / bw
+        attn_m = kv_tokens * self._kv_bytes_per_token / self._kv_bandwidth
         compute += layers * attn_c
         memory += layers * attn_m
         attention = layers * self._roof(attn_c, attn_m)

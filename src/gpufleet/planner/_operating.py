@@ -67,50 +67,72 @@ class OperatingPoint:
         ]
 
 
-def _prefill_chunk(tokens: int, context: float) -> BatchShape:
-    """``tokens`` prompt tokens whose attention reaches ``context`` earlier tokens on average."""
+def _steady_prefill(tokens: int, prompt: int) -> BatchShape:
+    """``tokens`` prompt tokens of ``prompt``-token prompts, as a steady step carries them.
+
+    Several whole prompts when the step has room for them, else a chunk in the middle of one
+    prompt (on average half of what precedes it is already cached).
+    """
     if tokens <= 0:
         return BatchShape()
-    return BatchShape(
-        prefill_tokens=tokens,
-        prefill_seqs=1,
-        prefill_attn_context=round(tokens * context),
-    )
+    whole, rest = divmod(tokens, prompt)
+    batch = BatchShape()
+    if whole:
+        batch = BatchShape(
+            prefill_tokens=whole * prompt,
+            prefill_seqs=whole,
+            prefill_attn_context=whole * (prompt * (prompt + 1) // 2),
+            prefill_context=whole * prompt,
+        )
+    if rest:
+        batch = batch + BatchShape.prefill(rest, cached=(prompt - rest) // 2)
+    return batch
 
 
 def _decodes(seqs: int, mean_context: float) -> BatchShape:
     return BatchShape(decode_seqs=seqs, decode_context=round(seqs * mean_context))
 
 
+def _ttft(stm: StepTimeModel, decodes: BatchShape, prompt: int, room: int, wait: float) -> float:
+    """Chunked prefill of one ``prompt`` at ``room`` tokens a step beside the running decodes."""
+    total = 0.0
+    step = 0.0
+    for cached in range(0, prompt, room):
+        chunk = min(room, prompt - cached)
+        step = stm.step_time(decodes + BatchShape.prefill(chunk, cached=cached)).seconds
+        total += step
+    return total + wait * step
+
+
 def evaluate(
     stm: StepTimeModel, workload: Workload, budget: int, concurrency: int
 ) -> OperatingPoint | None:
-    """The replica at ``concurrency`` running sequences; ``None`` if the budget cannot carry it."""
+    """The replica at ``concurrency`` running sequences; ``None`` if the budget cannot carry it.
+
+    With pipeline parallelism ``pp`` batches are in flight: a token still takes a whole pass
+    (``seconds``), but a batch completes every ``interval``, so throughput gains that ratio.
+    """
     mean_in, mean_out = workload.input_tokens, workload.output_tokens
     steady_prefill = math.ceil(concurrency * mean_in / mean_out)
     room = budget - concurrency
     if steady_prefill > room:
         return None
     decodes = _decodes(concurrency, mean_in + mean_out / 2)
-    mean_step = stm.step_time(decodes + _prefill_chunk(steady_prefill, mean_in / 2))
+    mean_step = stm.step_time(decodes + _steady_prefill(steady_prefill, mean_in))
     chunk99 = min(room, max(steady_prefill, workload.input_p99))
-    worst_step = stm.step_time(decodes + _prefill_chunk(chunk99, workload.input_p99 / 2))
-
-    def ttft(prompt: int, wait_steps: float) -> float:
-        chunk = min(room, prompt)
-        step = stm.step_time(decodes + _prefill_chunk(chunk, prompt / 2))
-        return (math.ceil(prompt / room) + wait_steps) * step.seconds
-
-    ttft_p50 = ttft(mean_in, 0.5)
-    ttft_p99 = ttft(workload.input_p99, 1.0)
+    worst = decodes + BatchShape.prefill(chunk99, cached=max(0, workload.input_p99 - chunk99))
+    worst_step = stm.step_time(worst)
+    ttft_p50 = _ttft(stm, decodes, mean_in, room, 0.5)
+    ttft_p99 = _ttft(stm, decodes, workload.input_p99, room, 1.0)
     lifetime = ttft_p50 + (mean_out - 1) * mean_step.seconds
+    in_flight = mean_step.seconds / mean_step.interval
     return OperatingPoint(
-        concurrency=concurrency,
+        concurrency=round(concurrency * in_flight),
         tpot_p50_s=mean_step.seconds,
         tpot_p99_s=worst_step.seconds,
         ttft_p50_s=ttft_p50,
         ttft_p99_s=ttft_p99,
-        requests_per_s=concurrency / lifetime,
+        requests_per_s=concurrency * in_flight / lifetime,
         bound=mean_step.bound,
     )
 
@@ -133,7 +155,7 @@ def best_operating_point(
     single = evaluate(stm, workload, budget, 1)
     for concurrency in range(1, max_concurrency + 1):
         point = evaluate(stm, workload, budget, concurrency)
-        if point is None or not point.meets(slo):
+        if point is None or point.concurrency > max_concurrency or not point.meets(slo):
             break
         if best is None or point.requests_per_s > best.requests_per_s:
             best = point
