@@ -330,6 +330,171 @@ def attention_reference(q, k, v, causal: bool):
     return torch.softmax(s, dim=-1) @ vf
 
 
+def attend_varlen(impl: str, q, k, v, cu_q, cu_k, max_q: int, max_k: int, spans):
+    """Packed variable-length attention, one call for all sequences (what
+    vLLM's flash_attn_varlen_func does).  q [Nq, H, D], k, v [Nk, KVH, D];
+    sequence i owns queries cu_q[i]:cu_q[i+1] and keys cu_k[i]:cu_k[i+1],
+    causal mask bottom-right per sequence (a 1-query sequence sees all its
+    keys).  ``spans`` is the same layout as host-side tuples, for the loop
+    fallback used off CUDA."""
+    if impl == "flash":
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False
+        )[0]
+    out = []
+    for q0, q1, k0, k1 in spans:
+        qs = q[q0:q1].transpose(0, 1).unsqueeze(0)
+        ks = k[k0:k1].transpose(0, 1).unsqueeze(0)
+        vs = v[k0:k1].transpose(0, 1).unsqueeze(0)
+        o = attend(impl, qs, ks, vs, causal=q1 - q0 > 1)
+        out.append(o[0].transpose(0, 1).to(q.dtype))
+    return torch.cat(out)
+
+
+class MixedStep:
+    """One engine iteration as vLLM's scheduler builds it with chunked prefill:
+    decode sequences (1 new token each, grouped as ``groups`` = [(batch, cached
+    context), ...]) plus at most one prompt chunk of L new tokens on P cached.
+
+    All B + L tokens go through the embedding, norms, RoPE and the linear
+    layers as ONE [B+L, hidden] activation (weights read once for the step);
+    the LM head runs on the last token of every sequence (B + 1 rows).
+
+    Attention layouts:
+    * ``split``  one FlashAttention call per decode group (its own contiguous
+      cache [layers, b, c+1, kvh, d], b queries of 1 token) and one for the
+      chunk (cache [layers, 1, P+L, kvh, d], causal bottom-right);
+    * ``varlen`` every sequence's KV packed in one buffer [layers, sum k, kvh,
+      d] and ONE varlen FlashAttention call per layer for decode + chunk."""
+
+    def __init__(self, model: Llama, groups, L: int, P: int, layout: str, fill: bool = True):
+        self.m = model
+        c = model.cfg
+        dev = model.device
+        self.groups = [(b, cc) for b, cc in groups if b > 0]
+        self.B = sum(b for b, _ in self.groups)
+        self.L, self.P, self.layout = L, P, layout
+        N = self.B + L
+        if N == 0:
+            raise ValueError("empty step")
+        self.N = N
+        pos = []
+        for b, cc in self.groups:
+            pos += [cc] * b
+        pos += list(range(P, P + L))
+        self.pos = torch.tensor(pos, device=dev, dtype=torch.long)
+        self.ids = torch.randint(0, c["vocab"], (N,), device=dev)
+        # rows that produce logits: every decode token + the chunk's last token
+        sel = list(range(self.B)) + ([N - 1] if L else [])
+        self.sel = torch.tensor(sel, device=dev, dtype=torch.long)
+        nl, kvh, d = c["num_layers"], c["kv_heads"], c["head_dim"]
+
+        def buf(*shape):
+            t = torch.empty(*shape, device=dev, dtype=DTYPE)
+            if fill:
+                t.normal_()
+            return t
+
+        if layout == "split":
+            self.gk = [buf(nl, b, cc + 1, kvh, d) for b, cc in self.groups]
+            self.gv = [buf(nl, b, cc + 1, kvh, d) for b, cc in self.groups]
+            if L:
+                self.ck = buf(nl, 1, P + L, kvh, d)
+                self.cv = buf(nl, 1, P + L, kvh, d)
+        elif layout == "varlen":
+            spans, widx = [], []
+            qo = ko = 0
+            for b, cc in self.groups:
+                for _ in range(b):
+                    spans.append((qo, qo + 1, ko, ko + cc + 1))
+                    widx.append(ko + cc)
+                    qo += 1
+                    ko += cc + 1
+            if L:
+                spans.append((qo, qo + L, ko, ko + P + L))
+                widx += range(ko + P, ko + P + L)
+                ko += P + L
+            self.spans = spans
+            self.widx = torch.tensor(widx, device=dev, dtype=torch.long)
+            self.cu_q = torch.tensor(
+                [s[0] for s in spans] + [spans[-1][1]], device=dev, dtype=torch.int32
+            )
+            self.cu_k = torch.tensor(
+                [s[2] for s in spans] + [spans[-1][3]], device=dev, dtype=torch.int32
+            )
+            self.max_q = max(s[1] - s[0] for s in spans)
+            self.max_k = max(s[3] - s[2] for s in spans)
+            self.pk = buf(nl, ko, kvh, d)
+            self.pv = buf(nl, ko, kvh, d)
+        else:
+            raise ValueError(layout)
+        self.kv_tokens = sum(b * (cc + 1) for b, cc in self.groups) + (P + L if L else 0)
+
+    def forward(self):
+        m = self.m
+        c = m.cfg
+        N, L, P = self.N, self.L, self.P
+        nh, kvh, d = c["heads"], c["kv_heads"], c["head_dim"]
+        half = d // 2
+        x = F.embedding(self.ids, m.embed)  # [N, h]
+        cos = m.cos.index_select(0, self.pos).view(N, 1, d)
+        sin = m.sin.index_select(0, self.pos).view(N, 1, d)
+        for li, Ly in enumerate(m.layers):
+            hN = F.rms_norm(x, (c["hidden"],), Ly["ln1"], m.eps)
+            qkv = F.linear(hN, Ly["wqkv"]).view(N, nh + 2 * kvh, d)
+            qk = qkv[:, : nh + kvh]
+            rot = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
+            qk = torch.addcmul(qk * cos, rot, sin)
+            k_new, v_new, q = qk[:, nh:], qkv[:, nh + kvh :], qk[:, :nh]
+            if self.layout == "varlen":
+                self.pk[li].index_copy_(0, self.widx, k_new)
+                self.pv[li].index_copy_(0, self.widx, v_new)
+                a = attend_varlen(
+                    m.attn,
+                    q,
+                    self.pk[li],
+                    self.pv[li],
+                    self.cu_q,
+                    self.cu_k,
+                    self.max_q,
+                    self.max_k,
+                    self.spans,
+                ).reshape(N, nh * d)
+            else:
+                outs, off = [], 0
+                for gi, (b, cc) in enumerate(self.groups):
+                    kc, vc = self.gk[gi][li], self.gv[gi][li]  # [b, cc+1, kvh, d]
+                    kc[:, cc] = k_new[off : off + b]
+                    vc[:, cc] = v_new[off : off + b]
+                    qg = q[off : off + b].view(b, 1, nh, d).transpose(1, 2)
+                    o = attend(m.attn, qg, kc.transpose(1, 2), vc.transpose(1, 2), False)
+                    outs.append(o.transpose(1, 2).reshape(b, nh * d))
+                    off += b
+                if L:
+                    kc, vc = self.ck[li, 0], self.cv[li, 0]  # [P+L, kvh, d]
+                    kc[P:] = k_new[off:]
+                    vc[P:] = v_new[off:]
+                    qc = q[off:].view(1, L, nh, d).transpose(1, 2)
+                    o = attend(
+                        m.attn,
+                        qc,
+                        kc.unsqueeze(0).transpose(1, 2),
+                        vc.unsqueeze(0).transpose(1, 2),
+                        L > 1,
+                    )
+                    outs.append(o.transpose(1, 2).reshape(L, nh * d))
+                a = outs[0] if len(outs) == 1 else torch.cat(outs)
+            x = x + F.linear(a, Ly["wo"])
+            hN = F.rms_norm(x, (c["hidden"],), Ly["ln2"], m.eps)
+            gu = F.linear(hN, Ly["wgu"])
+            gate, up = gu.chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, Ly["wdown"])
+        if L:  # LM head on B + 1 rows (decode tokens + the chunk's last token)
+            x = x.index_select(0, self.sel)
+        x = F.rms_norm(x, (c["hidden"],), m.norm, m.eps)
+        return F.linear(x, m.lm_head)
+
+
 # ---------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------
@@ -879,6 +1044,276 @@ def section_prefill(args, model_name, model: Llama, device, sink, timer, deadlin
             free(device)
 
 
+def _varlen_copy(ms: MixedStep) -> MixedStep:
+    """A varlen-layout step holding the same ids and KV data as split-layout ``ms``."""
+    vl = MixedStep(ms.m, ms.groups, ms.L, ms.P, "varlen", fill=False)
+    vl.ids.copy_(ms.ids)
+    ko = 0
+    for gi, (b, cc) in enumerate(ms.groups):
+        for j in range(b):
+            vl.pk[:, ko : ko + cc + 1] = ms.gk[gi][:, j]
+            vl.pv[:, ko : ko + cc + 1] = ms.gv[gi][:, j]
+            ko += cc + 1
+    if ms.L:
+        vl.pk[:, ko:] = ms.ck[:, 0]
+        vl.pv[:, ko:] = ms.cv[:, 0]
+    return vl
+
+
+def section_mixed_check(model: Llama, device, sink):
+    """Mixed step (split layout) against separate Llama.forward calls for each
+    decode group and the chunk on the same caches; varlen layout against split
+    on copies of the same data, with a chunk and decode-only (two decode groups,
+    so the packing order is exercised)."""
+    groups, L, P = [(2, 9), (1, 20)], 7, 5
+    ms = MixedStep(model, groups, L, P, "split")
+    B = ms.B
+    refs, off = [], 0
+    for gi, (b, cc) in enumerate(ms.groups):
+        ids = ms.ids[off : off + b].view(b, 1)
+        refs.append(model.forward(ids, cc, (ms.gk[gi].clone(), ms.gv[gi].clone())))
+        off += b
+    refs.append(model.forward(ms.ids[B:].view(1, L), P, (ms.ck.clone(), ms.cv.clone())))
+    ref = torch.cat(refs).float()
+    vl = _varlen_copy(ms)
+    dec = MixedStep(model, groups, 0, 0, "split")
+    dvl = _varlen_copy(dec)
+    out_split = ms.forward().float()
+    out_dec = dec.forward().float()
+    row = dict(
+        model_check="mixed_step_vs_separate_forwards",
+        groups=groups,
+        chunk_tokens=L,
+        chunk_cached=P,
+        max_rel_err_split_vs_separate=((out_split - ref).norm() / ref.norm()).item(),
+    )
+    try:
+        out_var = vl.forward().float()
+        out_dvar = dvl.forward().float()
+        row["max_rel_err_varlen_vs_split"] = max(
+            ((out_var - out_split).norm() / out_split.norm()).item(),
+            ((out_dvar - out_dec).norm() / out_dec.norm()).item(),
+        )
+        row["varlen_ok"] = bool(row["max_rel_err_varlen_vs_split"] < 2e-2)
+    except Exception as e:
+        row["varlen_error"] = repr(e)[:300]
+        row["varlen_ok"] = False
+    row["finite"] = bool(torch.isfinite(out_split).all().item())
+    row["ok"] = bool(row["max_rel_err_split_vs_separate"] < 5e-2 and row["finite"])
+    sink.write("check", row)
+    log(f"mixed check {row}")
+    if not row["ok"]:
+        log("WARNING: mixed-step self-check above tolerance; see the check row")
+    return row
+
+
+def _time_step(step, args, device, timer, graph_ok: bool, eager_ok: bool, big: bool):
+    """Yield (cuda_graph, timing) for the step function in the requested modes."""
+    modes = []
+    if device.type == "cuda" and not args.no_graph and graph_ok:
+        modes.append("graph")
+    if eager_ok or not modes:
+        modes.append("eager")
+    for mode in modes:
+        if mode == "graph":
+            g, _ = capture_graph(step, warmup=1 if big else 2)
+            fn = g.replay
+        else:
+            g, fn = None, step
+        r = timer.measure(
+            fn,
+            warmup=1 if big else 2,
+            target_s=args.target_s,
+            min_rep=args.prefill_min_rep if big else args.min_rep,
+            max_rep=args.max_rep,
+        )
+        yield mode == "graph", r
+        del g, fn
+
+
+def mixed_points(args):
+    """(B, C, L, P) points of the mixed grid, deduplicated: C is 0 when B = 0,
+    P is 0 when L = 0.  L = 0 is decode only, B = 0 the chunk only."""
+    pts, seen = [], set()
+    cap = args.mixed_max_tokens
+    for P in args.mixed_cached:
+        for C in args.mixed_contexts:
+            for B in args.mixed_batches:
+                Ls = list(args.mixed_chunks)
+                if cap and cap - B > max(Ls):
+                    Ls.append(cap - B)
+                for L in Ls:
+                    key = (B, C if B else 0, L, P if L else 0)
+                    if (B == 0 and L == 0) or (cap and cap < B + L) or key in seen:
+                        continue
+                    seen.add(key)
+                    pts.append(key)
+    return pts
+
+
+def _mixed_row_facts(facts, B, C, L, P):
+    nl = facts["num_layers"]
+    pairs = B * (C + 1) + L * P + L * (L + 1) // 2
+    return dict(
+        tokens=B + L,
+        logit_rows=B + (1 if L else 0),
+        attn_pairs_per_layer=pairs,
+        linear_flops=facts["linear_flops_per_token_per_layer"] * nl * (B + L)
+        + facts["lm_head_flops_per_token"] * (B + (1 if L else 0)),
+        attn_flops=facts["attn_flops_per_qk_pair_per_layer"] * nl * pairs,
+    )
+
+
+def section_mixed(args, model_name, model: Llama, device, sink, timer, deadline):
+    """Mixed steps: B decode sequences at context C + one chunk of L tokens on P
+    cached, linear layers once over B + L tokens.  Split layout (two flash calls
+    per layer) on the whole grid, then the varlen layout on a subset."""
+    facts = model_facts(model.cfg)
+    kvpt = facts["kv_bytes_per_token"]
+    plan = [(p, "split") for p in mixed_points(args)]
+    plan += [
+        (p, "varlen")
+        for p in mixed_points(args)
+        if p[1] in (0, *args.mixed_varlen_contexts) and p[2] in args.mixed_varlen_chunks
+    ]
+    for (B, C, L, P), layout in plan:
+        base = dict(
+            model=model_name,
+            decode_seqs=B,
+            decode_context=C,
+            chunk_tokens=L,
+            chunk_cached=P,
+            attn_layout=layout,
+            num_layers=model.cfg["num_layers"],
+        )
+        kv_bytes = kvpt * (B * (C + 1) + (P + L if L else 0))
+        if layout == "varlen" and not getattr(args, "varlen_ok", True):
+            sink.write("skip", dict(section="mixed", reason="varlen_check_failed", **base))
+            continue
+        if kv_bytes > args.kv_limit_gb * 1e9:
+            sink.write("skip", dict(section="mixed", reason="kv_cache_over_limit", **base))
+            continue
+        if time.time() > deadline:
+            sink.write("skip", dict(section="mixed", reason="time_budget", **base))
+            continue
+        try:
+            reset_peak(device)
+            ms = MixedStep(model, [(B, C)], L, P, layout)
+            big = B + L > 1024
+            eager = layout == "split" and not args.no_eager
+            for graph, r in _time_step(ms.forward, args, device, timer, True, eager, big):
+                row = dict(
+                    cuda_graph=graph,
+                    **base,
+                    **r,
+                    **_mixed_row_facts(facts, B, C, L, P),
+                    kv_cache_gb=round(kv_bytes / 1e9, 3),
+                    peak_mem_gib=peak_mem(device),
+                )
+                sink.write("mixed", row)
+                log(
+                    f"mixed {model_name} B={B} C={C} L={L} P={P} {layout} "
+                    f"{'graph' if graph else 'eager'}: p50 {r['ms_p50']:.3f} ms min {r['ms_min']:.3f} n={r['repeats']}"
+                )
+        except Exception as e:
+            reason = "oom" if isinstance(e, torch.cuda.OutOfMemoryError) else "error"
+            sink.write("skip", dict(section="mixed", reason=reason, detail=repr(e)[:300], **base))
+            log(f"mixed B={B} C={C} L={L} P={P} {layout}: {reason}: {e!r}"[:400])
+        finally:
+            ms = None
+            free(device)
+
+
+def nonuniform_variants(B: int, seed: int = 11):
+    """Decode batches whose contexts differ, and the batches they are compared
+    with.  Returns {distribution: (contexts, [(variant, groups, layout), ...])}."""
+    import random
+
+    rng = random.Random(seed + B)
+    levels = [round(128 + i * (4096 - 128) / 7) for i in range(8)]
+    hi = max(1, B // 16)
+    dists = {
+        # 8 context levels evenly spread over 128..4096, each sequence draws one
+        "spread": [rng.choice(levels) for _ in range(B)],
+        # mostly short sequences with a few long ones (padding is worst here)
+        "skewed": [128] * (B - hi) + [4096] * hi,
+    }
+    out = {}
+    for name, ctxs in dists.items():
+        counts = {}
+        for cc in ctxs:
+            counts[cc] = counts.get(cc, 0) + 1
+        groups = [(n, cc) for cc, n in sorted(counts.items())]
+        mean = round(sum(ctxs) / B)
+        out[name] = (
+            ctxs,
+            [
+                ("varlen", groups, "varlen"),  # exact lengths, one packed call per layer
+                ("grouped", groups, "split"),  # one batched call per distinct length
+                ("padded", [(B, max(ctxs))], "split"),  # every sequence padded to the longest
+                ("uniform_mean", [(B, mean)], "split"),  # same Σ context, all equal
+                ("uniform_mean_varlen", [(B, mean)], "varlen"),
+            ],
+        )
+    return out
+
+
+def section_nonuniform(args, model_name, model: Llama, device, sink, timer, deadline):
+    facts = model_facts(model.cfg)
+    kvpt = facts["kv_bytes_per_token"]
+    for B in args.nonuniform_batches:
+        for dist, (ctxs, variants) in nonuniform_variants(B).items():
+            for variant, groups, layout in variants:
+                kv_tokens = sum(b * (cc + 1) for b, cc in groups)
+                base = dict(
+                    model=model_name,
+                    decode_seqs=B,
+                    distribution=dist,
+                    variant=variant,
+                    attn_layout=layout,
+                    attn_calls_per_layer=1 if layout == "varlen" else len(groups),
+                    contexts_sum=sum(ctxs),
+                    contexts_mean=round(sum(ctxs) / B, 1),
+                    contexts_min=min(ctxs),
+                    contexts_max=max(ctxs),
+                    context_groups=[[cc, b] for b, cc in groups],
+                    kv_tokens_read=kv_tokens,
+                )
+                if layout == "varlen" and not getattr(args, "varlen_ok", True):
+                    sink.write(
+                        "skip", dict(section="nonuniform", reason="varlen_check_failed", **base)
+                    )
+                    continue
+                if time.time() > deadline:
+                    sink.write("skip", dict(section="nonuniform", reason="time_budget", **base))
+                    continue
+                try:
+                    reset_peak(device)
+                    ms = MixedStep(model, groups, 0, 0, layout)
+                    for graph, r in _time_step(ms.forward, args, device, timer, True, False, False):
+                        row = dict(
+                            cuda_graph=graph,
+                            **base,
+                            **r,
+                            kv_cache_gb=round(kvpt * kv_tokens / 1e9, 3),
+                            peak_mem_gib=peak_mem(device),
+                        )
+                        sink.write("decode_nonuniform", row)
+                        log(
+                            f"nonuniform {model_name} B={B} {dist} {variant}: p50 {r['ms_p50']:.3f} ms "
+                            f"(Σctx {sum(ctxs)}, read {kv_tokens} tokens, {base['attn_calls_per_layer']} calls/layer)"
+                        )
+                except Exception as e:
+                    sink.write(
+                        "skip",
+                        dict(section="nonuniform", reason="error", detail=repr(e)[:300], **base),
+                    )
+                    log(f"nonuniform B={B} {dist} {variant}: {e!r}"[:400])
+                finally:
+                    ms = None
+                    free(device)
+
+
 def section_attn(args, model_name, cfg, device, sink, timer, deadline, attn):
     """The attention kernel alone, with this model's head shapes.
     prefill: one call on B x L new tokens over P+L keys (causal, bottom-right).
@@ -1029,7 +1464,21 @@ METHOD_TEXT = (
     "P+L keys, causal), decode = B single-token queries over C+1 keys, looped over up to num_layers "
     "distinct per-layer caches in one CUDA graph, time per layer. torch.inference_mode throughout. "
     "Rows under 'repeats' are second measurements of points in the main lists (run-to-run spread); "
-    "do not fit on both without weighting."
+    "do not fit on both without weighting. "
+    "Mixed rows (chunked-prefill steps): one iteration with decode_seqs sequences decoding 1 token "
+    "each at decode_context cached tokens plus one prompt chunk of chunk_tokens new tokens on "
+    "chunk_cached cached tokens; embedding, norms, RoPE and all linear layers run ONCE over the "
+    "concatenated decode_seqs + chunk_tokens tokens; attn_layout=split: per layer one "
+    "FlashAttention-2 call for the decode batch (its own contiguous cache, 1 query over C+1 keys "
+    "each) and one for the chunk (L queries over P+L keys, causal bottom-right), outputs "
+    "concatenated; attn_layout=varlen: all sequences' KV packed in one buffer and one varlen "
+    "FlashAttention-2 call per layer (aten._flash_attention_forward with cu_seqlens, as vLLM's "
+    "flash_attn_varlen_func); LM head on decode_seqs + 1 rows. chunk_tokens=0 rows are decode-only "
+    "and decode_seqs=0 rows chunk-only steps through the same code. decode_nonuniform rows: decode "
+    "steps whose sequences have different contexts (context_groups = [context, count] pairs); "
+    "variant varlen = one packed varlen call per layer over the exact lengths, grouped = one "
+    "batched call per distinct length, padded = every sequence padded to the longest, "
+    "uniform_mean(_varlen) = all sequences at the mean context (same total context)."
 )
 
 
@@ -1044,10 +1493,15 @@ def assemble(paths, out_path):
         "attn": [],
         "gemm": [],
         "bandwidth": [],
+        "mixed": [],
+        "decode_nonuniform": [],
         "skipped": [],
     }
     envs, ends = [], []
     doc["repeats"] = {"decode": [], "prefill": [], "chain": [], "gemm": [], "bandwidth": []}
+    for kind in ("mixed", "decode_nonuniform"):  # keep the document as before when absent
+        if not any(kind in open(spec.partition("@")[0]).read() for spec in paths):
+            del doc[kind]
     for spec in paths:
         # "path", "path@tag" (retag every row) or "path@tag:decode+prefill" (retag those kinds)
         p, _, override = spec.partition("@")
@@ -1113,6 +1567,9 @@ def assemble(paths, out_path):
             "attn": "yes",
             "gemm": "yes",
             "bandwidth": "no",
+            "mixed": "llama3.1-8b: both, rows with cuda_graph=true (whole mixed step captured; shapes are "
+            "static per point) and false (eager) for attn_layout=split; varlen rows graph only",
+            "decode_nonuniform": "yes",
         },
         model_notes={
             "llama3.1-70b-8L": "Llama-3.1-70B shapes with 8 of 80 decoder layers; embedding and LM head "
@@ -1166,7 +1623,8 @@ def main(argv=None):
     ap.add_argument(
         "--sections",
         default="env,check,decode,prefill,chain,bandwidth,gemm",
-        help="comma list of env,check,decode,prefill,chain,bandwidth,attn,gemm (run in this order)",
+        help="comma list of env,check,decode,prefill,chain,nonuniform,mixed,bandwidth,attn,gemm "
+        "(run in this order)",
     )
     ap.add_argument("--out", default=None, help="JSON-lines output (appended)")
     ap.add_argument(
@@ -1196,6 +1654,24 @@ def main(argv=None):
     ap.add_argument("--attn-prefill-batches", type=ints, default=ints("1"))
     ap.add_argument("--attn-prefill-cached", type=ints, default=ints("0,8192"))
     ap.add_argument("--attn-decode-batches", type=ints, default=ints("1,8,32,64,128,256"))
+    ap.add_argument("--mixed-batches", type=ints, default=ints("0,16,64,128,256"))
+    ap.add_argument("--mixed-contexts", type=ints, default=ints("2048,1024"))
+    ap.add_argument(
+        "--mixed-chunks",
+        type=ints,
+        default=ints("0,256,512,1024,2048,4096"),
+        help="chunk lengths L of the mixed grid (0 = decode only)",
+    )
+    ap.add_argument("--mixed-cached", type=ints, default=ints("0,2048"))
+    ap.add_argument(
+        "--mixed-max-tokens",
+        type=int,
+        default=8192,
+        help="token budget per step: adds L = budget - B and drops points with B + L over it",
+    )
+    ap.add_argument("--mixed-varlen-contexts", type=ints, default=ints("2048"))
+    ap.add_argument("--mixed-varlen-chunks", type=ints, default=ints("0,512,2048"))
+    ap.add_argument("--nonuniform-batches", type=ints, default=ints("64,128"))
     ap.add_argument("--kv-limit-gb", type=float, default=55.0)
     ap.add_argument("--bw-gib", type=int, default=4)
     ap.add_argument(
@@ -1217,7 +1693,7 @@ def main(argv=None):
         default=None,
         help="attention implementation (default: flash on CUDA, math on CPU)",
     )
-    ap.add_argument("--no-eager", action="store_true", help="decode: graph mode only")
+    ap.add_argument("--no-eager", action="store_true", help="decode and mixed: graph mode only")
     ap.add_argument(
         "--assemble",
         nargs="+",
@@ -1249,6 +1725,14 @@ def main(argv=None):
         args.prefill_min_rep = 3
         args.max_rep = 5
         args.max_prefill_tokens = 128
+        args.mixed_batches = [0, 3]
+        args.mixed_contexts = [24, 12]
+        args.mixed_chunks = [0, 8, 16]
+        args.mixed_cached = [0, 20]
+        args.mixed_max_tokens = 24
+        args.mixed_varlen_contexts = [24]
+        args.mixed_varlen_chunks = [0, 16]
+        args.nonuniform_batches = [16]
     device = torch.device(
         args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     )
@@ -1288,12 +1772,18 @@ def main(argv=None):
                 torch.cuda.synchronize()
             del a
             free(device)
-        need_model = any(s in sections for s in ("chain", "decode", "prefill", "check"))
+        need_model = any(
+            s in sections for s in ("chain", "decode", "prefill", "check", "mixed", "nonuniform")
+        )
         if need_model:
             max_pos = max(
                 [c + 1 for c in args.decode_contexts]
                 + [L for L in args.prefill_lens]
                 + [p + L for p in args.chunk_cached for L in args.chunk_lens]
+                + [c + 1 for c in args.mixed_contexts]
+                + [p + args.mixed_max_tokens for p in args.mixed_cached]
+                + [p + L for p in args.mixed_cached for L in args.mixed_chunks]
+                + [4097]  # nonuniform decode contexts reach 4096
                 + [64]
             )
             tb = time.time()
@@ -1314,6 +1804,8 @@ def main(argv=None):
                 for L in cm.layers:  # sharper attention so position/cache bugs show up
                     L["wqkv"].mul_(8.0)
                 section_model_check(cm, device, sink)
+                if "mixed" in sections or "nonuniform" in sections:
+                    args.varlen_ok = section_mixed_check(cm, device, sink)["varlen_ok"]
                 del cm
                 free(device)
             if "decode" in sections:
@@ -1322,6 +1814,10 @@ def main(argv=None):
                 section_prefill(args, args.model, model, device, sink, timer, deadline)
             if "chain" in sections:
                 guarded(section_chain, args, args.model, model, device, sink, timer, deadline)
+            if "nonuniform" in sections:
+                guarded(section_nonuniform, args, args.model, model, device, sink, timer, deadline)
+            if "mixed" in sections:
+                guarded(section_mixed, args, args.model, model, device, sink, timer, deadline)
             del model
             free(device)
         if "bandwidth" in sections:

@@ -401,6 +401,173 @@ def main():
             if (b, cc) in t8
         )
     )
+    if d.get("mixed") or d.get("decode_nonuniform"):
+        p("")
+        mixed_report(d, p)
+
+
+def mixed_report(d, p):
+    """Tables of the mixed prefill + decode steps and the non-uniform decode batches."""
+    rows = [r for r in d.get("mixed", []) if r["model"] == "llama3.1-8b"]
+    t = {
+        (r["decode_seqs"], r["decode_context"], r["chunk_tokens"], r["chunk_cached"]): r["ms_p50"]
+        for r in rows
+        if r["attn_layout"] == "split" and r["cuda_graph"]
+    }
+    te = {
+        (r["decode_seqs"], r["decode_context"], r["chunk_tokens"], r["chunk_cached"]): r["ms_p50"]
+        for r in rows
+        if r["attn_layout"] == "split" and not r["cuda_graph"]
+    }
+    tv = {
+        (r["decode_seqs"], r["decode_context"], r["chunk_tokens"], r["chunk_cached"]): r["ms_p50"]
+        for r in rows
+        if r["attn_layout"] == "varlen" and r["cuda_graph"]
+    }
+    if t:
+        Bs = sorted({k[0] for k in t})
+        Cs = sorted({k[1] for k in t if k[0]}, reverse=True)
+        Ps = sorted({k[3] for k in t if k[2]})
+        Ls = sorted({k[2] for k in t if k[2] + k[0] < 8192 or k[0] == 0} - {8192})
+        cap = 8192
+
+        def key(B, C, L, P):
+            return (B, C if B else 0, L, P if L else 0)
+
+        for P in Ps:
+            for C in Cs:
+                p(
+                    f"\n### Mixed step, llama3.1-8b, CUDA graph: ms p50 — B decode sequences at context {C} "
+                    f"+ one chunk of L new tokens on P={P} cached (L=0: decode only; B=0: chunk only)\n"
+                )
+
+                def cell(B, L, C=C, P=P):
+                    LL = cap - B if L == "8192−B" else L
+                    k = key(B, C, LL, P)
+                    return f"{t[k]:.2f}" if k in t else "–"
+
+                p(table(Bs, [*Ls, "8192−B"], cell, "B", "L"))
+        # batching saving: decode-only step + chunk-only step, measured separately, vs the mixed step
+        p(
+            "\n### Batching saving: (decode-only step + chunk-only step) − mixed step, ms "
+            "(% of the separate sum); llama3.1-8b, CUDA graph\n"
+        )
+        out = [
+            "| P | C | B | decode-only ms | " + " | ".join(f"L={L}" for L in Ls if L) + " |",
+            "|" + "---|" * (4 + len([L for L in Ls if L])),
+        ]
+        savings = []
+        for P in Ps:
+            for C in Cs:
+                for B in [b for b in Bs if b]:
+                    dk = key(B, C, 0, 0)
+                    if dk not in t:
+                        continue
+                    cells = []
+                    for L in [x for x in Ls if x]:
+                        mk, ck = key(B, C, L, P), key(0, 0, L, P)
+                        if mk in t and ck in t:
+                            sep = t[dk] + t[ck]
+                            sv = sep - t[mk]
+                            savings.append((B, C, L, P, sv, sv / sep, t[mk], sep))
+                            cells.append(f"{sv:.1f} ({sv / sep * 100:.0f} %)")
+                        else:
+                            cells.append("–")
+                    out.append(f"| {P} | {C} | {B} | {t[dk]:.2f} | " + " | ".join(cells) + " |")
+        p("\n".join(out))
+        p("")
+        by_l = {}
+        for _B, _C, L, _P, sv, fr, _, _ in savings:
+            by_l.setdefault(L, []).append((sv, fr))
+        for L in sorted(by_l):
+            v = by_l[L]
+            p(
+                f"- L={L}: saving median {statistics.median(x[0] for x in v):.1f} ms "
+                f"(range {min(x[0] for x in v):.1f} … {max(x[0] for x in v):.1f}), median "
+                f"{statistics.median(x[1] for x in v) * 100:.0f} % of the separate sum"
+            )
+        for B, C, L, P in [(64, 2048, 2048, 0), (64, 2048, 256, 0), (128, 1024, 512, 2048)]:
+            hit = [x for x in savings if x[:4] == (B, C, L, P)]
+            if hit:
+                x = hit[0]
+                p(
+                    f"- B={B}, C={C} decode + {L}-token chunk on P={P}: mixed {x[6]:.2f} ms vs separate "
+                    f"{t[key(B, C, 0, 0)]:.2f} + {t[key(0, 0, L, P)]:.2f} = {x[7]:.2f} ms (saves {x[4]:.2f} ms, "
+                    f"{x[5] * 100:.1f} %)"
+                )
+        # cost of a decode token inside a mixed step
+        for C in Cs:
+            for B in [b for b in Bs if b]:
+                adds = [
+                    t[key(B, C, L, P)] - t[key(0, 0, L, P)]
+                    for P in Ps
+                    for L in Ls
+                    if L and key(B, C, L, P) in t and key(0, 0, L, P) in t
+                ]
+                if adds and key(B, C, 0, 0) in t:
+                    p(
+                        f"- B={B} at C={C}: adding the decode batch to a chunk costs median "
+                        f"{statistics.median(adds):.2f} ms (range {min(adds):.2f} … {max(adds):.2f}) vs "
+                        f"{t[key(B, C, 0, 0)]:.2f} ms as its own step"
+                    )
+        dec = {
+            (r["batch"], r["context"]): r["ms_p50"]
+            for r in d.get("decode", [])
+            if r["model"] == "llama3.1-8b" and r["cuda_graph"]
+        }
+        cross = [
+            abs(t[(B, C, 0, 0)] / dec[(B, C)] - 1) * 100
+            for (B, C, L, P) in t
+            if L == 0 and (B, C) in dec
+        ]
+        if cross:
+            p(
+                f"- Same-code cross-check: the {len(cross)} decode-only mixed points vs the decode table "
+                f"(separate run): median |Δ| {statistics.median(cross):.2f} %, max {max(cross):.2f} %"
+            )
+        ratios = [te[k] / t[k] for k in t if k in te]
+        big = [te[k] / t[k] for k in t if k in te and k[0] + k[2] >= 1024]
+        if ratios:
+            p(
+                f"- Eager / graph (split layout, {len(ratios)} points): median {statistics.median(ratios):.3f}, "
+                f"max {max(ratios):.2f}; for B + L ≥ 1024 median {statistics.median(big):.3f}"
+            )
+    if tv:
+        p(
+            "\n### One varlen FlashAttention call per layer vs two calls (split), llama3.1-8b, "
+            "CUDA graph: ms p50\n"
+        )
+        p("| B | C | L | P | split | varlen | varlen / split |\n|---|---|---|---|---|---|---|")
+        for k in sorted(tv, key=lambda k: (k[3], k[0], k[2])):
+            if k in t:
+                p(
+                    f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {t[k]:.2f} | {tv[k]:.2f} | {tv[k] / t[k]:.2f} |"
+                )
+    nu = [r for r in d.get("decode_nonuniform", []) if r["model"] == "llama3.1-8b"]
+    if nu:
+        variants = ["uniform_mean", "uniform_mean_varlen", "grouped", "varlen", "padded"]
+        p(
+            "\n### Decode with unequal contexts vs the uniform batch with the same Σ context, "
+            "llama3.1-8b, CUDA graph: ms p50 (attention calls per layer)\n"
+        )
+        p(
+            "| B | distribution | Σ context (mean) | "
+            + " | ".join(variants)
+            + " |\n|"
+            + "---|" * (3 + len(variants))
+        )
+        for B, dist in sorted({(r["decode_seqs"], r["distribution"]) for r in nu}):
+            g = {r["variant"]: r for r in nu if r["decode_seqs"] == B and r["distribution"] == dist}
+            r0 = next(iter(g.values()))
+            cells = [
+                f"{g[v]['ms_p50']:.2f} ({g[v]['attn_calls_per_layer']})" if v in g else "–"
+                for v in variants
+            ]
+            p(
+                f"| {B} | {dist} | {r0['contexts_sum']} ({r0['contexts_mean']:.0f}) | "
+                + " | ".join(cells)
+                + " |"
+            )
 
 
 if __name__ == "__main__":
