@@ -9,7 +9,11 @@ Two reference sets:
 * ``hf-torch-h100``: src/gpufleet/perf/data/measured/h100-sxm-forward.json, forward passes of
   a plain-PyTorch Llama on one H100 SXM (bench/gpu_calibration/calibrate.py), when that file
   exists. Not vLLM: no scheduler, so they are compared with the model's GPU time (step time
-  minus its calibrated CPU overhead); CUDA-graph rows where there are some.
+  minus its calibrated CPU overhead); CUDA-graph rows where there are some;
+* ``hf-torch-h100-mixed``: the same file's ``mixed`` rows, chunked-prefill steps that run B
+  decodes at context C and a prompt chunk of L tokens on P cached together (GPU time as
+  above), and the batching saving of such a step against the decode-only plus the chunk-only
+  step measured in the same run, predicted vs measured (ms).
 
 Error is (predicted − measured) / measured. The headline is the median and maximum absolute
 error of each set. The speed section times ``StepTimeModel.step_time`` on a mix of batches
@@ -315,7 +319,7 @@ def measured_rows(doc: dict[str, Any]) -> list[Row]:
         rows.append(
             Row(
                 set="hf-torch-h100",
-                id=f"gemm-{rec.get('op')}-m{mm}",
+                id=f"gemm-{rec.get('model')}-{rec.get('op')}-m{mm}",
                 engine="torch F.linear (cuBLAS)",
                 model=_catalog_model_name(str(rec.get("model", ""))),
                 gpu="h100-sxm",
@@ -329,6 +333,203 @@ def measured_rows(doc: dict[str, Any]) -> list[Row]:
             )
         )
     return rows
+
+
+MIXED_SET = "hf-torch-h100-mixed"
+
+
+def mixed_rows(doc: dict[str, Any]) -> tuple[list[Row], list[dict[str, Any]]]:
+    """Mixed steps (B decodes at context C + one chunk of L tokens on P cached) on one H100.
+
+    The rows come from the same plain-PyTorch model as the ``hf-torch-h100`` set (split
+    attention layout: one FlashAttention-2 call for the decode batch and one for the chunk per
+    layer, GEMMs over all B + L tokens; CUDA graphs), so they are compared with the model's GPU
+    time too. Rows with both B and L > 0 are the reference points; the decode-only (L = 0) and
+    chunk-only (B = 0) rows of the same run give the measured batching saving,
+    ``decode step + chunk step − mixed step``, which is set against the model's own.
+    """
+    gpu = get_gpu("h100-sxm")
+    models: dict[tuple[str, int], StepTimeModel | str] = {}
+    configs = doc.get("models", {})
+
+    def step_model(rec: dict[str, Any]) -> StepTimeModel | str:
+        layers = rec.get("num_layers") or configs.get(rec["model"], {}).get("num_layers") or 0
+        key = (rec["model"], layers)
+        if key not in models:
+            try:
+                spec = get_model(_catalog_model_name(rec["model"]))
+            except UnknownModelError as exc:
+                models[key] = f"not in catalog: {exc}"
+            else:
+                if layers and layers != spec.num_layers:
+                    spec = spec.model_copy(update={"num_layers": layers})
+                models[key] = StepTimeModel(spec, gpu)
+        return models[key]
+
+    def gpu_time(m: StepTimeModel, batch: BatchShape) -> float:
+        t = m.step_time(batch)
+        return t.seconds - t.overhead
+
+    def shape(b: int, c: int, n: int, p: int) -> BatchShape:
+        decode = BatchShape.uniform_decode(b, c) if b else BatchShape()
+        return decode + (BatchShape.prefill(n, cached=p) if n else BatchShape())
+
+    split = [r for r in doc.get("mixed", []) if r.get("attn_layout", "split") == "split"]
+    key = ("model", "decode_seqs", "decode_context", "chunk_tokens", "chunk_cached")
+    points = {
+        tuple(rec[f] for f in key): rec for rec in _prefer_graph(split, key)
+    }  # (model, B, C, L, P) → record
+    rows: list[Row] = []
+    savings: list[dict[str, Any]] = []
+    for (name, b, c, n, p), rec in sorted(points.items()):
+        if not (b and n):
+            continue
+        m = step_model(rec)
+        row = Row(
+            set=MIXED_SET,
+            id=f"mixed-{name}-b={b}-ctx={c}-new={n}-cached={p}",
+            engine="hf/torch (plain PyTorch Llama, not vLLM)",
+            model=_catalog_model_name(name),
+            gpu="h100-sxm",
+            setup="tp1 bf16" + ("" if rec.get("cuda_graph", True) else " eager"),
+            scenario=f"mixed b={b} ctx={c} + chunk new={n} cached={p}",
+            unit="s",
+            measured=float(rec["ms_p50"]) / 1e3,
+            predicted=None,
+            error_pct=None,
+            note="GPU time: model seconds minus calibrated CPU overhead; "
+            "uniform_decode(B, C) + prefill(L, cached=P)",
+        )
+        rows.append(row)
+        if isinstance(m, str):
+            row.note = m
+            continue
+        mixed = gpu_time(m, shape(b, c, n, p))
+        row.predicted = mixed
+        row.error_pct = 100.0 * (mixed - row.measured) / row.measured
+        decode_rec = points.get((name, b, c, 0, 0))
+        chunk_rec = points.get((name, 0, 0, n, p))
+        if decode_rec is None or chunk_rec is None:
+            continue  # the 8192 − B column has no chunk-only step of that length
+        measured_decode = float(decode_rec["ms_p50"]) / 1e3
+        measured_chunk = float(chunk_rec["ms_p50"]) / 1e3
+        decode = gpu_time(m, shape(b, c, 0, 0))
+        chunk = gpu_time(m, shape(0, 0, n, p))
+        measured_saving = measured_decode + measured_chunk - row.measured
+        predicted_saving = decode + chunk - mixed
+        savings.append(
+            {
+                "model": row.model,
+                "decode_seqs": b,
+                "decode_context": c,
+                "chunk_tokens": n,
+                "chunk_cached": p,
+                "measured_ms": {
+                    "decode": round(measured_decode * 1e3, 3),
+                    "chunk": round(measured_chunk * 1e3, 3),
+                    "mixed": round(row.measured * 1e3, 3),
+                    "saving": round(measured_saving * 1e3, 3),
+                    "decode_added": round((row.measured - measured_chunk) * 1e3, 3),
+                },
+                "predicted_ms": {
+                    "decode": round(decode * 1e3, 3),
+                    "chunk": round(chunk * 1e3, 3),
+                    "mixed": round(mixed * 1e3, 3),
+                    "saving": round(predicted_saving * 1e3, 3),
+                    "decode_added": round((mixed - chunk) * 1e3, 3),
+                },
+                "saving_error_ms": round((predicted_saving - measured_saving) * 1e3, 3),
+                "saving_measured_pct_of_separate": round(
+                    100.0 * measured_saving / (measured_decode + measured_chunk), 1
+                ),
+                "saving_predicted_pct_of_separate": round(
+                    100.0 * predicted_saving / (decode + chunk), 1
+                ),
+            }
+        )
+    return rows, savings
+
+
+def saving_summary(savings: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and maximum |predicted − measured| batching saving (ms), overall and by L."""
+    if not savings:
+        return {"points": 0}
+    errs = [abs(s["saving_error_ms"]) for s in savings]
+    by_chunk: dict[int, list[dict[str, Any]]] = {}
+    for s in savings:
+        by_chunk.setdefault(s["chunk_tokens"], []).append(s)
+
+    def med(items: list[dict[str, Any]], side: str, what: str) -> float:
+        return round(float(statistics.median(s[side][what] for s in items)), 2)
+
+    return {
+        "points": len(errs),
+        "median_abs_error_ms": round(statistics.median(errs), 2),
+        "max_abs_error_ms": round(max(errs), 2),
+        "by_chunk_tokens": {
+            str(n): {
+                "points": len(items),
+                "measured_saving_ms_median": med(items, "measured_ms", "saving"),
+                "measured_saving_ms_range": [
+                    round(min(s["measured_ms"]["saving"] for s in items), 2),
+                    round(max(s["measured_ms"]["saving"] for s in items), 2),
+                ],
+                "predicted_saving_ms_median": med(items, "predicted_ms", "saving"),
+                "predicted_saving_ms_range": [
+                    round(min(s["predicted_ms"]["saving"] for s in items), 2),
+                    round(max(s["predicted_ms"]["saving"] for s in items), 2),
+                ],
+                "median_abs_error_ms": round(
+                    statistics.median(abs(s["saving_error_ms"]) for s in items), 2
+                ),
+            }
+            for n, items in sorted(by_chunk.items())
+        },
+    }
+
+
+def print_savings(console: Console, savings: list[dict[str, Any]]) -> None:
+    """The batching saving by chunk length, and what a decode batch adds to a chunk step."""
+    table = Table(
+        title="Batching saving: decode step + chunk step − mixed step (GPU time, ms), "
+        "median over B, C, P"
+    )
+    for col in ("L", "points", "measured", "measured range", "predicted", "predicted range",
+                "median |err|"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for n, s in saving_summary(savings).get("by_chunk_tokens", {}).items():
+        lo, hi = s["measured_saving_ms_range"]
+        plo, phi = s["predicted_saving_ms_range"]
+        table.add_row(
+            n,
+            str(s["points"]),
+            f"{s['measured_saving_ms_median']:.2f}",
+            f"{lo:.2f} … {hi:.2f}",
+            f"{s['predicted_saving_ms_median']:.2f}",
+            f"{plo:.2f} … {phi:.2f}",
+            f"{s['median_abs_error_ms']:.2f}",
+        )
+    console.print(table)
+    added: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for s in savings:
+        added.setdefault((s["decode_seqs"], s["decode_context"]), []).append(s)
+    table = Table(
+        title="What a decode batch adds to a chunk step (mixed − chunk-only, GPU time, ms), "
+        "median over L, P"
+    )
+    for col in ("B", "C", "decode step alone (meas.)", "added (meas.)", "decode step alone "
+                "(pred.)", "added (pred.)"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for (b, c), items in sorted(added.items()):
+        table.add_row(
+            str(b),
+            str(c),
+            f"{items[0]['measured_ms']['decode']:.2f}",
+            f"{statistics.median(s['measured_ms']['decode_added'] for s in items):.2f}",
+            f"{items[0]['predicted_ms']['decode']:.2f}",
+            f"{statistics.median(s['predicted_ms']['decode_added'] for s in items):.2f}",
+        )
+    console.print(table)
 
 
 def _prefer_graph(records: list[dict[str, Any]], key: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -514,6 +715,18 @@ def main(argv: list[str] | None = None) -> int:
         groups["hf-torch-h100: chain+gemm"] = [
             r for r in measured if r.id.startswith(("chain", "gemm"))
         ]
+        mixed, savings = mixed_rows(doc)
+        if mixed:
+            worst = sorted(mixed, key=lambda r: -abs(r.error_pct or 0.0))[: args.worst]
+            print_table(
+                console,
+                f"Step-time model vs mixed prefill + decode steps on one H100 SXM (plain "
+                f"PyTorch, not vLLM): the {len(worst)} largest errors of {len(mixed)}",
+                worst,
+            )
+            print_savings(console, savings)
+            sets[MIXED_SET] = mixed
+            report["batching_saving"] = {"summary": saving_summary(savings), "points": savings}
         report["bandwidth_checks"] = bandwidth_checks(doc)
         for check in report["bandwidth_checks"]:
             console.print(f"bandwidth {check['test']}: measured {check['measured_gb_s']} GB/s, "
@@ -536,6 +749,12 @@ def main(argv: list[str] | None = None) -> int:
                 str(s["within_25_pct"]),
             )
     console.print(sums)
+    if "batching_saving" in report:
+        sav = report["batching_saving"]["summary"]
+        console.print(
+            f"batching saving of mixed steps ({sav['points']} points): |predicted − measured| "
+            f"median {sav['median_abs_error_ms']} ms, max {sav['max_abs_error_ms']} ms"
+        )
 
     if args.calls:
         report["speed"] = speed(args.calls)

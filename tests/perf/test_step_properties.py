@@ -5,6 +5,7 @@ by a step over ``b``. Every term of the model is subadditive in the batch — FL
 per token are linear, weights are read once per step whatever its size, the experts a batch
 touches grow concavely with its tokens, and the smooth roofline is a p-norm, for which the
 triangle inequality holds — so the whole step is too. Adding work never makes a step faster.
+A step's prefill and decode attention are separate rooflines that add.
 """
 
 from __future__ import annotations
@@ -62,3 +63,19 @@ def test_step_time_is_positive_finite_and_adds_up(name: str, batch: BatchShape) 
     parts = t.linear + t.attention + t.elementwise + t.communication
     assert math.isclose(t.seconds, parts + t.pipeline_bubble + t.overhead, rel_tol=1e-9)
     assert t.interval <= t.seconds * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(sorted(MODELS)), batch=batches())
+def test_prefill_and_decode_attention_are_separate_rooflines(name: str, batch: BatchShape) -> None:
+    """A decode batch's KV reads never hide under a prefill chunk's attention FLOPs."""
+    model = MODELS[name]
+    prefill = BatchShape(
+        batch.prefill_tokens,
+        batch.prefill_seqs,
+        batch.prefill_attn_context,
+        prefill_context=batch.prefill_context,
+    )
+    decode = BatchShape(decode_seqs=batch.decode_seqs, decode_context=batch.decode_context)
+    apart = model.step_time(prefill).attention + model.step_time(decode).attention
+    assert math.isclose(model.step_time(batch).attention, apart, rel_tol=1e-9, abs_tol=1e-15)

@@ -7,7 +7,7 @@ each kind the step carries, aggregated so that evaluating it is O(1)::
 
     model = StepTimeModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"))
     batch = BatchShape.prefill(512, cached=1024) + BatchShape.decode([900, 2000, 35])
-    model.step_time(batch).seconds        # 0.016 with the packaged constants
+    model.step_time(batch).seconds        # 0.015 with the packaged constants
     model.decode_time(64, 2048)           # 64 sequences at 2048 tokens of context each
 
 The model is a roofline per kernel family, summed (kernels run one after another)::
@@ -15,9 +15,14 @@ The model is a roofline per kernel family, summed (kernels run one after another
     step = stage + pipeline_bubble + overhead
     stage = linear + attention + elementwise + communication   (one GPU of one pipeline stage)
     linear      = Σ_layers R(FLOPs / achievable FLOP/s, weight bytes / achievable bandwidth)
-    attention   = Σ_layers R(attention FLOPs / achievable FLOP/s, KV bytes / achievable bandwidth)
+    attention   = Σ_layers [R(prefill pairs' FLOPs, prefill KV bytes)     (chunks and decodes:
+                            + R(decode pairs' FLOPs, decode KV bytes)]      separate rooflines)
     elementwise = Σ_layers (fixed per-layer floor + activation bytes / achievable bandwidth)
     R(c, m)     = (c^p + m^p)^(1/p)                        (smooth roofline; p = inf is max)
+
+The GEMMs of a step run over all its tokens at once, so prompt and decode tokens share one
+weight read; their attention does not share a roofline (a decode batch's KV streaming adds to a
+prompt chunk's attention compute instead of hiding under it, as measured on H100).
 
 docs/perf-model.md derives every term and reports the error against published measurements.
 """
@@ -198,7 +203,8 @@ class StepTime:
     linear: float
     """Linear layers and LM head (GEMMs): weights read once, FLOPs per token."""
     attention: float
-    """Attention kernels: KV reads and writes, FLOPs per attended pair."""
+    """Attention kernels: KV reads and writes, FLOPs per attended pair; the prefill chunks'
+    and the decoding sequences' parts each under their own roofline, added."""
     elementwise: float
     """Norms, rotary, activation and residual kernels: a per-layer floor plus their bytes."""
     communication: float
@@ -296,6 +302,10 @@ class StepTimeModel:
         self._attn_rate = peak16 * eff.attention_flops_fraction
         self._bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * eff.memory_bandwidth_fraction
         self._kv_bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * eff.kv_bandwidth_fraction
+        # Attention, per layer: seconds per attended (query, key) pair at the attention FLOP
+        # rate, and per KV-cache token read or written at the KV bandwidth.
+        self._attn_s_per_pair = self._attn_flops_per_pair / self._attn_rate
+        self._kv_s_per_token = self._kv_bytes_per_token / self._kv_bandwidth
         p = eff.roofline_exponent
         self._p = p if math.isfinite(p) else None
         self._inv_p = 1.0 / p if math.isfinite(p) else 0.0
@@ -359,16 +369,23 @@ class StepTimeModel:
         memory += head_m
         linear += self._roof(head_c, head_m)
 
-        pairs = batch.prefill_attn_context + batch.decode_context
-        # Decode streams each context once; a prefill chunk streams its context once per layer
-        # (its query tiles share it through L2). Every new token's K and V are written.
+        # Prefill chunks and decoding sequences are separate attention work, each under its own
+        # roofline, and the two add: a decode batch's KV reads do not hide under a chunk's FLOPs.
+        # FlashInfer runs them as separate kernels; a single varlen FlashAttention launch gives
+        # them separate thread blocks, the decode ones bound by HBM and the chunk's by math. On
+        # H100 a decode batch added to a chunk costs its whole KV-streaming time (measured mixed
+        # steps, docs/perf-model.md). A chunk streams its context once per layer (its query tiles
+        # share it through L2), a decoding sequence its whole context; every new token's K and V
+        # are written.
         prefill_reads = max(batch.prefill_context, batch.prefill_tokens)
-        kv_tokens = batch.decode_context + prefill_reads + tokens
-        attn_c = pairs * self._attn_flops_per_pair / self._attn_rate
-        attn_m = kv_tokens * self._kv_bytes_per_token / self._kv_bandwidth
-        compute += layers * attn_c
-        memory += layers * attn_m
-        attention = layers * self._roof(attn_c, attn_m)
+        pre_c = batch.prefill_attn_context * self._attn_s_per_pair
+        pre_m = (prefill_reads + batch.prefill_tokens) * self._kv_s_per_token
+        dec_c = batch.decode_context * self._attn_s_per_pair
+        dec_m = (batch.decode_context + batch.decode_seqs) * self._kv_s_per_token
+        compute += layers * (pre_c + dec_c)
+        memory += layers * (pre_m + dec_m)
+        prefill_attn = self._roof(pre_c, pre_m) if pre_m else 0.0
+        attention = layers * (prefill_attn + (self._roof(dec_c, dec_m) if dec_m else 0.0))
 
         act_m = tokens * self._act_bytes_per_token / bw
         memory += layers * act_m
