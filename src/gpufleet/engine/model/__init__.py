@@ -1,1 +1,25 @@
-"""The replica model: continuous batching over a paged KV cache, timed by ``perf``."""
+"""The replica model: continuous batching over a paged KV cache, timed by ``perf``.
+
+One class, :class:`ReplicaModel`, driven by two shells: the sim engine's HTTP server in real
+time and the fleet simulator in virtual time. docs/design/replica-model.md explains it.
+"""
+
+from gpufleet.engine.model._replica import ReplicaModel
+from gpufleet.engine.model._types import (
+    FinishReason,
+    NewRequest,
+    ReplicaConfig,
+    ReplicaStats,
+    RequestOutput,
+    StepPlan,
+)
+
+__all__ = [
+    "FinishReason",
+    "NewRequest",
+    "ReplicaConfig",
+    "ReplicaModel",
+    "ReplicaStats",
+    "RequestOutput",
+    "StepPlan",
+]

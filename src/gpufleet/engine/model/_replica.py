@@ -1,0 +1,361 @@
+"""The replica model: one vLLM-like engine replica, driven step by step by a shell.
+
+The shell owns the clock. It asks for the next step, lets ``plan.duration`` pass (really or
+virtually) and hands the plan back::
+
+    model = ReplicaModel(ReplicaConfig(get_model("llama-3.1-8b"), get_gpu("h100-sxm")))
+    model.add_request(NewRequest("r1", prompt_token_ids=(1, 2, 3), max_tokens=16), now=0.0)
+    now = 0.0
+    while (plan := model.plan_step(now)) is not None:
+        now += plan.duration
+        for out in model.finish_step(plan, now):
+            ...  # stream out.new_token_ids; out.finish_reason ends the request
+
+``add_request`` and ``abort`` may come between ``plan_step`` and ``finish_step``; an aborted
+request's share of the step in flight is dropped and produces no output.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpufleet.engine.model._kv_cache import KVCacheManager
+from gpufleet.engine.model._request import Request, RequestStatus
+from gpufleet.engine.model._scheduler import Scheduler
+from gpufleet.engine.model._tokens import FillerTokens, OutputLengths
+from gpufleet.engine.model._types import (
+    FinishReason,
+    NewRequest,
+    ReplicaConfig,
+    ReplicaStats,
+    RequestOutput,
+    StepPlan,
+)
+from gpufleet.perf import BatchShape, EngineLimits, Parallelism, StepTimeModel, memory_plan
+
+
+class ReplicaModel:
+    """Continuous batching over a paged KV cache with prefix caching, timed by ``perf``."""
+
+    def __init__(self, config: ReplicaConfig) -> None:
+        self._config = config
+        self._steps = StepTimeModel(
+            config.model,
+            config.gpu,
+            tp=config.tp,
+            pp=config.pp,
+            weights_dtype=config.weights_dtype,
+            kv_dtype=config.kv_dtype,
+        )
+        self._num_gpu_blocks = _num_gpu_blocks(config)
+        self._max_model_len = _max_model_len(config, self._num_gpu_blocks)
+        self._filler = FillerTokens(config.seed, config.model.vocab_size)
+        self._lengths = OutputLengths(
+            config.seed, config.output_len_median, config.output_len_sigma
+        )
+        self._kv = KVCacheManager(
+            self._num_gpu_blocks,
+            config.block_size,
+            caching=config.enable_prefix_caching,
+            filler=self._filler,
+        )
+        self._scheduler = Scheduler(
+            self._kv,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            policy=config.scheduling_policy,
+        )
+        self._requests: dict[str, Request] = {}
+        self._arrivals = 0
+        self._step = 0
+        self._in_flight: StepPlan | None = None
+        self._slowdown = 1.0
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._finished = dict.fromkeys((reason.value for reason in FinishReason), 0)
+
+    # -- configuration ------------------------------------------------------------------
+
+    @property
+    def config(self) -> ReplicaConfig:
+        return self._config
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence (prompt + completion) a request may ask for."""
+        return self._max_model_len
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self._num_gpu_blocks
+
+    @property
+    def step_time_model(self) -> StepTimeModel:
+        return self._steps
+
+    @property
+    def slowdown(self) -> float:
+        return self._slowdown
+
+    def set_slowdown(self, factor: float) -> None:
+        """Fault injection: every step takes ``factor`` times as long (1.0 restores)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"slowdown factor must be a finite number > 0, got {factor}")
+        self._slowdown = factor
+
+    # -- requests -----------------------------------------------------------------------
+
+    def add_request(self, request: NewRequest, now: float) -> None:
+        """Queue ``request`` (arrival time ``now``); ``ValueError`` when it cannot be served."""
+        self._validate(request)
+        draw = self._lengths.draw(
+            request.request_id, request.max_tokens, ignore_eos=request.ignore_eos
+        )
+        state = Request(
+            request,
+            arrival_time=now,
+            seq=self._arrivals,
+            target_output_tokens=draw.target_output_tokens,
+            output_offset=draw.output_offset,
+        )
+        self._arrivals += 1
+        self._requests[request.request_id] = state
+        self._scheduler.add(state)
+
+    def abort(self, request_id: str, now: float) -> bool:
+        """Cancel a request and free its KV blocks now; False if it is unknown or finished."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return False
+        self._scheduler.remove(state)
+        self._finished[FinishReason.ABORT.value] += 1
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self._scheduler.running) or bool(self._scheduler.waiting)
+
+    # -- steps --------------------------------------------------------------------------
+
+    def plan_step(self, now: float) -> StepPlan | None:
+        """Decide the next iteration and reserve its KV blocks; ``None`` when idle."""
+        if self._in_flight is not None:
+            raise RuntimeError(
+                f"plan_step called while step {self._in_flight.step} is in flight; "
+                "call finish_step with its plan first"
+            )
+        if not self.has_work():
+            return None
+        budget = self._scheduler.schedule()
+        if budget.is_empty:  # max_model_len <= KV capacity makes this impossible
+            raise RuntimeError("the scheduler found work but scheduled nothing (a bug)")
+        batch = BatchShape(
+            prefill_tokens=budget.prefill_tokens,
+            prefill_seqs=len(budget.prefills),
+            prefill_attn_context=budget.prefill_attn_context,
+            prefill_context=budget.prefill_context,
+            decode_seqs=len(budget.decodes),
+            decode_context=budget.decode_context,
+        )
+        plan = StepPlan(
+            duration=self._steps.step_time(batch).seconds * self._slowdown,
+            batch=batch,
+            step=self._step,
+            decodes=tuple(budget.decodes),
+            prefills=tuple((request, count) for request, _, count in budget.prefills),
+        )
+        self._step += 1
+        self._in_flight = plan
+        return plan
+
+    def finish_step(self, plan: StepPlan, now: float) -> list[RequestOutput]:
+        """Apply a step that has run: sample tokens, finish requests, free their blocks.
+
+        One output per request that generated a token, decodes first, in scheduling order.
+        """
+        if plan is not self._in_flight:
+            raise ValueError(
+                f"finish_step got step {plan.step}, but the step in flight is "
+                f"{'none' if self._in_flight is None else self._in_flight.step}"
+            )
+        self._in_flight = None
+        outputs: list[RequestOutput] = []
+        append, output = outputs.append, RequestOutput
+        done: list[Request] = []
+        running = RequestStatus.RUNNING
+        ids, mask = self._filler.ids, self._filler.mask
+        # Decodes, inlined: the hot loop (one token each, never the first).
+        for r in plan.decodes:
+            if r.status is not running:  # aborted while the step ran
+                continue
+            produced = r.num_output_tokens + 1
+            r.num_output_tokens = produced
+            r.num_tokens += 1
+            reason = None
+            if produced >= r.target_output_tokens:
+                reason = FinishReason.LENGTH if produced >= r.max_tokens else FinishReason.STOP
+                done.append(r)
+            append(
+                output(
+                    r.request_id,
+                    (ids[(r.output_offset + produced - 1) & mask],),
+                    r.num_prompt_tokens,
+                    r.num_cached_tokens,
+                    produced,
+                    reason,
+                    False,
+                )
+            )
+        for r, _ in plan.prefills:
+            if r.status is running and r.num_computed_tokens == r.num_tokens:
+                outputs.append(self._sample(r, done))
+        if done:
+            self._finish(done)
+        self._generation_tokens += len(outputs)
+        return outputs
+
+    def _sample(self, r: Request, done: list[Request]) -> RequestOutput:
+        """``r`` has caught up with its tokens: it produces the next one."""
+        produced = r.num_output_tokens + 1
+        r.num_output_tokens = produced
+        r.num_tokens += 1
+        if produced == 1:
+            self._prompt_tokens += r.num_prompt_tokens
+        reason = None
+        if produced >= r.target_output_tokens:
+            reason = FinishReason.LENGTH if produced >= r.max_tokens else FinishReason.STOP
+            done.append(r)
+        return RequestOutput(
+            r.request_id,
+            (self._filler.token(r.output_offset + produced - 1),),
+            r.num_prompt_tokens,
+            r.num_cached_tokens,
+            produced,
+            reason,
+            produced == 1,
+        )
+
+    def _finish(self, done: list[Request]) -> None:
+        finished = self._finished
+        for r in done:
+            del self._requests[r.request_id]
+            reason = (
+                FinishReason.LENGTH if r.num_output_tokens >= r.max_tokens else FinishReason.STOP
+            )
+            finished[reason.value] += 1
+        self._scheduler.finish(done)
+
+    # -- observation --------------------------------------------------------------------
+
+    def stats(self) -> ReplicaStats:
+        scheduler = self._scheduler
+        return ReplicaStats(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            kv_cache_usage=self._kv.usage,
+            num_gpu_blocks=self._num_gpu_blocks,
+            block_size=self._config.block_size,
+            prefix_cache_queries=scheduler.prefix_cache_queries,
+            prefix_cache_hits=scheduler.prefix_cache_hits,
+            num_preemptions=scheduler.num_preemptions,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            finished=dict(self._finished),
+        )
+
+    def blocks_of(self, request_id: str) -> tuple[int, ...]:
+        """The KV blocks ``request_id`` holds now (empty when waiting, finished or unknown)."""
+        state = self._requests.get(request_id)
+        return self._kv.blocks_of(state) if state is not None else ()
+
+    def check_invariants(self) -> None:
+        """``AssertionError`` unless queues, requests and the block pool agree (for tests)."""
+        scheduler = self._scheduler
+        self._kv.pool.check(self._kv.block_tables())
+        running, waiting = scheduler.running, list(scheduler.waiting)
+        assert len(running) <= self._config.max_num_seqs, "more running than max_num_seqs"
+        assert {r.request_id for r in running} | {r.request_id for r in waiting} == set(
+            self._requests
+        ), "queues and the request table disagree"
+        assert len(running) + len(waiting) == len(self._requests), "a request is queued twice"
+        size = self._config.block_size
+        for r in running:
+            assert r.status is RequestStatus.RUNNING, f"{r} in running"
+            assert 0 <= r.num_computed_tokens <= r.num_tokens, f"{r}: computed beyond tokens"
+            assert len(self._kv.blocks_of(r)) * size >= r.num_computed_tokens, f"{r}: no slots"
+        for r in waiting:
+            assert r.status is RequestStatus.WAITING, f"{r} in waiting"
+            assert r.num_computed_tokens == 0, f"{r} has computed tokens"
+            assert not self._kv.blocks_of(r), f"{r} holds KV blocks"
+        for r in self._requests.values():
+            assert r.num_tokens == r.num_prompt_tokens + r.num_output_tokens, f"{r}: token count"
+            assert r.num_output_tokens < r.target_output_tokens <= r.max_tokens, f"{r}: output"
+        assert 0.0 <= self._kv.usage <= 1.0, "KV usage outside [0, 1]"
+
+    # -- validation ---------------------------------------------------------------------
+
+    def _validate(self, request: NewRequest) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already running or waiting")
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise ValueError("the prompt is empty: at least one prompt token is required")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        total = len(prompt) + request.max_tokens
+        if total > self._max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self._max_model_len} tokens. "
+                f"However, you requested {total} tokens ({len(prompt)} in the messages, "
+                f"{request.max_tokens} in the completion). Please reduce the length of the "
+                "messages or completion."
+            )
+        vocab = self._config.model.vocab_size
+        low, high = min(prompt), max(prompt)
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is out of vocabulary (vocab size {vocab})")
+
+
+def _num_gpu_blocks(config: ReplicaConfig) -> int:
+    if config.num_gpu_blocks_override is not None:
+        return config.num_gpu_blocks_override
+    limits = EngineLimits(
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        block_size=config.block_size,
+    )
+    plan = memory_plan(
+        config.model,
+        config.gpu,
+        parallel=Parallelism(tp=config.tp, pp=config.pp),
+        weights_dtype=config.weights_dtype,
+        kv_dtype=config.kv_dtype,
+        limits=limits,
+    )
+    if plan.kv_blocks < 1:
+        raise ValueError(
+            f"{config.model.name} does not fit on {config.tp * config.pp} x {config.gpu.name} "
+            f"at gpu_memory_utilization={config.gpu_memory_utilization}: no memory is left "
+            "for the KV cache"
+        )
+    return plan.kv_blocks
+
+
+def _max_model_len(config: ReplicaConfig, num_gpu_blocks: int) -> int:
+    capacity = num_gpu_blocks * config.block_size
+    limit = config.max_model_len
+    if limit is None:
+        return min(config.model.max_context, capacity)
+    if limit > config.model.max_context:
+        raise ValueError(
+            f"max_model_len={limit} is larger than {config.model.name}'s maximum context "
+            f"length of {config.model.max_context} tokens"
+        )
+    if limit > capacity:
+        raise ValueError(
+            f"max_model_len={limit} is larger than the {capacity} tokens the KV cache can hold "
+            f"({num_gpu_blocks} blocks of {config.block_size}); lower max_model_len or raise "
+            "gpu_memory_utilization"
+        )
+    return limit

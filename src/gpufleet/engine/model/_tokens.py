@@ -1,0 +1,93 @@
+"""Generated tokens: how many a request produces and which ids, deterministically.
+
+Nothing here depends on arrival order or on the other requests: each request draws from its
+own ``random.Random`` seeded by ``(config seed, request id)``, so a request produces the same
+tokens whichever replica, batch or step it runs in.
+
+Token ids are read from one fixed pseudo-random sequence per replica seed (the *filler*),
+starting at a per-request offset::
+
+    filler  (size S, repeated)   ...  f[o]  f[o+1]  f[o+2] ...
+    output token i of a request  =    f[(o + i) mod S]          o = the request's offset
+
+so producing a token is one list index, and the bytes of a run of output tokens (which block
+hashes need) are one slice of the packed filler.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FILLER_SIZE = 1 << 14
+# Token ids are hashed as 4-byte little-endian words, the same on every machine.
+_TYPECODE = next(code for code in "IL" if array(code).itemsize == 4)
+
+
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
+    """Token ids as 4-byte little-endian words (what block hashes are computed over)."""
+    words = array(_TYPECODE, token_ids)
+    if sys.byteorder == "big":  # pragma: no cover - no big-endian CI machine
+        words.byteswap()
+    return words.tobytes()
+
+
+class FillerTokens:
+    """The token-id sequence every generated text of one replica is a window of."""
+
+    __slots__ = ("_packed", "ids", "mask")
+
+    def __init__(self, seed: int, vocab_size: int) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be at least 1, got {vocab_size}")
+        rng = random.Random(f"gpufleet/filler/{seed}")
+        self.ids: list[int] = [rng.randrange(vocab_size) for _ in range(FILLER_SIZE)]
+        self.mask = FILLER_SIZE - 1
+        self._packed = pack_tokens(self.ids + self.ids)  # doubled: a span up to S is one slice
+
+    def token(self, position: int) -> int:
+        return self.ids[position & self.mask]
+
+    def span_bytes(self, position: int, count: int) -> bytes:
+        """Tokens ``position .. position + count - 1`` as 4-byte little-endian words."""
+        if count <= FILLER_SIZE:  # one slice of the doubled sequence
+            start = 4 * (position & self.mask)
+            return self._packed[start : start + 4 * count]
+        parts: list[bytes] = []
+        while count > 0:
+            start = position & self.mask
+            take = min(count, FILLER_SIZE)
+            parts.append(self._packed[4 * start : 4 * (start + take)])
+            position += take
+            count -= take
+        return b"".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputDraw:
+    target_output_tokens: int
+    output_offset: int
+
+
+class OutputLengths:
+    """Draws each request's output length: log-normal, bounded by ``max_tokens``."""
+
+    __slots__ = ("_mu", "_seed", "_sigma")
+
+    def __init__(self, seed: int, median: float, sigma: float) -> None:
+        self._seed = seed
+        self._mu = math.log(median)
+        self._sigma = sigma
+
+    def draw(self, request_id: str, max_tokens: int, *, ignore_eos: bool) -> OutputDraw:
+        rng = random.Random(f"gpufleet/request/{self._seed}/{request_id}")
+        offset = rng.randrange(FILLER_SIZE)  # drawn first: ignore_eos does not change the text
+        if ignore_eos:
+            return OutputDraw(max_tokens, offset)
+        length = rng.lognormvariate(self._mu, self._sigma)
+        target = max_tokens if length >= max_tokens else max(1, round(length))
+        return OutputDraw(target, offset)

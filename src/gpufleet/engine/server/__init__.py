@@ -1,0 +1,26 @@
+"""The sim engine server: vLLM's OpenAI-compatible HTTP API over one modelled replica."""
+
+from gpufleet.engine.server._app import SimEngine, create_app
+from gpufleet.engine.server._clock import Clock, ScaledClock, VirtualClock
+from gpufleet.engine.server._config import FaultConfig, SimEngineConfig
+from gpufleet.engine.server._errors import ApiError
+from gpufleet.engine.server._faults import CRASH_EXIT_STATUS, Faults
+from gpufleet.engine.server._loop import EngineDeadError, EngineLoop, RequestStream
+from gpufleet.engine.server._metrics import EngineMetrics
+
+__all__ = [
+    "CRASH_EXIT_STATUS",
+    "ApiError",
+    "Clock",
+    "EngineDeadError",
+    "EngineLoop",
+    "EngineMetrics",
+    "FaultConfig",
+    "Faults",
+    "RequestStream",
+    "ScaledClock",
+    "SimEngine",
+    "SimEngineConfig",
+    "VirtualClock",
+    "create_app",
+]

@@ -1,0 +1,59 @@
+"""The sim engine's settings: every default written down once, validated by pydantic."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FaultConfig(BaseModel):
+    """Faults a sim engine injects, for the tests of the layers above it.
+
+    Set at start-up (``--fault-*`` flags) and at run time by ``POST /admin/faults`` with a
+    JSON object of the fields to change (the endpoint exists only with ``--enable-admin``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    crash_after_s: float | None = Field(default=None, ge=0)
+    """Exit the process (status 1, no cleanup) this many real seconds after it is set."""
+    hang: bool = False
+    """Accept every request except ``/admin/*`` and never answer it."""
+    slowdown: float = Field(default=1.0, gt=0, le=1000)
+    """Multiply every modelled step time by this factor."""
+    error_rate: float = Field(default=0.0, ge=0, le=1)
+    """Share of completion requests answered with a 500, drawn from the seeded RNG."""
+    unhealthy: bool = False
+    """``GET /health`` answers 503."""
+
+
+class SimEngineConfig(BaseModel):
+    """One sim replica: the modelled model and GPU, vLLM's engine settings, clock and faults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = "llama-3.1-8b"
+    """Catalog model name or a Hugging Face ``config.json`` path."""
+    gpu: str = "h100-sxm"
+    """Catalog GPU name."""
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    served_model_name: str | None = None
+    """The name clients send in ``model`` (default: ``model``)."""
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    block_size: int = Field(default=16, ge=1)
+    enable_prefix_caching: bool = True
+    num_gpu_blocks_override: int | None = Field(default=None, ge=1)
+    time_scale: float = Field(default=1.0, gt=0)
+    """Modelled seconds per real second; reported latencies are always modelled."""
+    seed: int = 0
+    faults: FaultConfig = FaultConfig()
+    enable_admin: bool = False
+    """Serve ``/admin/faults``; off by default so that no client can inject faults."""
+
+    @property
+    def name(self) -> str:
+        """The served model name."""
+        return self.served_model_name or self.model
