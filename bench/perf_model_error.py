@@ -2,18 +2,20 @@
 
     .venv/bin/python bench/perf_model_error.py     # table + bench/results/perf_model_error.json
 
-Two reference sets:
+Reference sets:
 
 * ``published``: src/gpufleet/perf/data/references.yaml — vLLM, TensorRT-LLM and NIM numbers
   from their own benchmarks and public write-ups (see that file's header for the scenarios);
-* ``hf-torch-h100``: src/gpufleet/perf/data/measured/h100-sxm-forward.json, forward passes of
-  a plain-PyTorch Llama on one H100 SXM (bench/gpu_calibration/calibrate.py), when that file
-  exists. Not vLLM: no scheduler, so they are compared with the model's GPU time (step time
-  minus its calibrated CPU overhead); CUDA-graph rows where there are some;
-* ``hf-torch-h100-mixed``: the same file's ``mixed`` rows, chunked-prefill steps that run B
-  decodes at context C and a prompt chunk of L tokens on P cached together (GPU time as
-  above), and the batching saving of such a step against the decode-only plus the chunk-only
-  step measured in the same run, predicted vs measured (ms).
+* ``hf-torch-<gpu>``, one per document under src/gpufleet/perf/data/measured/
+  (``h100-sxm-forward.json`` → ``hf-torch-h100``, ``h200-forward.json`` → ``hf-torch-h200``):
+  forward passes of a plain-PyTorch Llama on one GPU (bench/gpu_calibration/calibrate.py), the
+  GPU taken from the document's ``meta.gpu_name`` (see ``DEVICE_GPUS``). Not vLLM: no scheduler,
+  so they are compared with the model's GPU time (step time minus its calibrated CPU
+  overhead); CUDA-graph rows where there are some;
+* ``hf-torch-<gpu>-mixed``: a document's ``mixed`` rows where it has some (the H100's),
+  chunked-prefill steps that run B decodes at context C and a prompt chunk of L tokens on P
+  cached together (GPU time as above), and the batching saving of such a step against the
+  decode-only plus the chunk-only step measured in the same run, predicted vs measured (ms).
 
 Error is (predicted − measured) / measured. The headline is the median and maximum absolute
 error of each set. The speed section times ``StepTimeModel.step_time`` on a mix of batches
@@ -52,9 +54,11 @@ from gpufleet.perf._step import smooth_roofline
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "perf_model_error.json"
-DEFAULT_MEASURED = (
-    REPO / "src" / "gpufleet" / "perf" / "data" / "measured" / "h100-sxm-forward.json"
-)
+MEASURED_DIR = REPO / "src" / "gpufleet" / "perf" / "data" / "measured"
+DEVICE_GPUS = {  # nvidia-smi's name in a measured document's meta.gpu_name → catalog GPU
+    "NVIDIA H100 80GB HBM3": "h100-sxm",
+    "NVIDIA H200": "h200",
+}
 DEFAULT_BUDGET = 8192  # tokens per step (vLLM's max_num_batched_tokens for online serving)
 
 
@@ -218,7 +222,52 @@ def _describe(ref: dict[str, Any]) -> str:
     return f"{s} {ref.get('input_tokens')}"
 
 
-# --- the HF/torch-on-H100 measurements ---------------------------------------------------------
+# --- the HF/torch measurements (one set per GPU) ------------------------------------------------
+
+
+@dataclass
+class MeasuredSet:
+    """One measured document: which catalog GPU it ran on and the name of its set."""
+
+    path: Path
+    doc: dict[str, Any]
+    gpu: str
+    device: str
+
+    @property
+    def name(self) -> str:
+        return set_name(self.gpu)
+
+    @property
+    def mixed_name(self) -> str:
+        return f"{self.name}-mixed"
+
+
+def set_name(gpu: str) -> str:
+    """``h100-sxm`` → ``hf-torch-h100``, ``h200`` → ``hf-torch-h200``."""
+    return "hf-torch-" + re.sub(r"-sxm\d*$", "", gpu)
+
+
+def document_gpu(doc: dict[str, Any]) -> str:
+    """The catalog GPU a measured document ran on (from its ``meta.gpu_name``)."""
+    device = str(doc.get("meta", {}).get("gpu_name", ""))
+    if device not in DEVICE_GPUS:
+        raise ValueError(
+            f"measured document from {device or 'an unnamed GPU'!r}: add it to DEVICE_GPUS"
+        )
+    return DEVICE_GPUS[device]
+
+
+def load_measured(paths: Iterable[Path]) -> list[MeasuredSet]:
+    """The measured documents at ``paths``, one set each (a GPU may appear only once)."""
+    sets: list[MeasuredSet] = []
+    for path in paths:
+        doc = json.loads(path.read_text("utf-8"))
+        gpu = document_gpu(doc)
+        if any(s.gpu == gpu for s in sets):
+            raise ValueError(f"{path}: a second measured document for {gpu}")
+        sets.append(MeasuredSet(path, doc, gpu, str(doc["meta"]["gpu_name"])))
+    return sets
 
 
 def _catalog_model_name(name: str) -> str:
@@ -233,8 +282,11 @@ def _catalog_model_name(name: str) -> str:
     return name
 
 
-def measured_rows(doc: dict[str, Any]) -> list[Row]:
-    gpu = get_gpu("h100-sxm")
+def measured_rows(doc: dict[str, Any], gpu_name: str | None = None) -> list[Row]:
+    """A measured document's decode, prefill, chain and GEMM rows (``gpu_name``: its GPU)."""
+    gpu_name = gpu_name or document_gpu(doc)
+    gpu = get_gpu(gpu_name)
+    name = set_name(gpu_name)
     rows: list[Row] = []
     models: dict[tuple[str, int], StepTimeModel | str] = {}
 
@@ -259,11 +311,11 @@ def measured_rows(doc: dict[str, Any]) -> list[Row]:
         layers = rec.get("num_layers") or configs.get(rec["model"], {}).get("num_layers")
         m = step_model(rec["model"], layers)
         row = Row(
-            set="hf-torch-h100",
+            set=name,
             id=f"{kind}-{rec['model']}-{scenario.replace(' ', '-')}",
             engine="hf/torch (plain PyTorch Llama, not vLLM)",
             model=_catalog_model_name(rec["model"]),
-            gpu="h100-sxm",
+            gpu=gpu_name,
             setup="tp1 bf16" + ("" if rec.get("cuda_graph", True) else " eager"),
             scenario=scenario,
             unit="s",
@@ -318,11 +370,11 @@ def measured_rows(doc: dict[str, Any]) -> list[Row]:
         measured = float(rec["ms_p50"]) / 1e3
         rows.append(
             Row(
-                set="hf-torch-h100",
+                set=name,
                 id=f"gemm-{rec.get('model')}-{rec.get('op')}-m{mm}",
                 engine="torch F.linear (cuBLAS)",
                 model=_catalog_model_name(str(rec.get("model", ""))),
-                gpu="h100-sxm",
+                gpu=gpu_name,
                 setup="bf16",
                 scenario=f"gemm {rec.get('op')} m={mm} k={k} n={n}",
                 unit="s",
@@ -335,20 +387,21 @@ def measured_rows(doc: dict[str, Any]) -> list[Row]:
     return rows
 
 
-MIXED_SET = "hf-torch-h100-mixed"
+def mixed_rows(
+    doc: dict[str, Any], gpu_name: str | None = None
+) -> tuple[list[Row], list[dict[str, Any]]]:
+    """Mixed steps (B decodes at context C + one chunk of L tokens on P cached) on one GPU.
 
-
-def mixed_rows(doc: dict[str, Any]) -> tuple[list[Row], list[dict[str, Any]]]:
-    """Mixed steps (B decodes at context C + one chunk of L tokens on P cached) on one H100.
-
-    The rows come from the same plain-PyTorch model as the ``hf-torch-h100`` set (split
+    The rows come from the same plain-PyTorch model as the ``hf-torch-<gpu>`` set (split
     attention layout: one FlashAttention-2 call for the decode batch and one for the chunk per
     layer, GEMMs over all B + L tokens; CUDA graphs), so they are compared with the model's GPU
     time too. Rows with both B and L > 0 are the reference points; the decode-only (L = 0) and
     chunk-only (B = 0) rows of the same run give the measured batching saving,
     ``decode step + chunk step − mixed step``, which is set against the model's own.
     """
-    gpu = get_gpu("h100-sxm")
+    gpu_name = gpu_name or document_gpu(doc)
+    gpu = get_gpu(gpu_name)
+    mixed_set = set_name(gpu_name) + "-mixed"
     models: dict[tuple[str, int], StepTimeModel | str] = {}
     configs = doc.get("models", {})
 
@@ -386,11 +439,11 @@ def mixed_rows(doc: dict[str, Any]) -> tuple[list[Row], list[dict[str, Any]]]:
             continue
         m = step_model(rec)
         row = Row(
-            set=MIXED_SET,
+            set=mixed_set,
             id=f"mixed-{name}-b={b}-ctx={c}-new={n}-cached={p}",
             engine="hf/torch (plain PyTorch Llama, not vLLM)",
             model=_catalog_model_name(name),
-            gpu="h100-sxm",
+            gpu=gpu_name,
             setup="tp1 bf16" + ("" if rec.get("cuda_graph", True) else " eager"),
             scenario=f"mixed b={b} ctx={c} + chunk new={n} cached={p}",
             unit="s",
@@ -542,15 +595,21 @@ def _prefer_graph(records: list[dict[str, Any]], key: tuple[str, ...]) -> list[d
     return list(chosen.values())
 
 
-def bandwidth_checks(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    gpu = get_gpu("h100-sxm")
+def bandwidth_checks(doc: dict[str, Any], gpu_name: str | None = None) -> list[dict[str, Any]]:
+    gpu = get_gpu(gpu_name or document_gpu(doc))
     eff = efficiency_for(gpu)
     achievable = gpu.memory_bandwidth_gb_s * eff.memory_bandwidth_fraction
     return [
         {
             "test": rec.get("test"),
             "measured_gb_s": rec.get("gb_s_p50"),
+            "measured_fraction_of_peak": round(
+                float(rec["gb_s_p50"]) / gpu.memory_bandwidth_gb_s, 3
+            )
+            if rec.get("gb_s_p50")
+            else None,
             "model_achievable_gb_s": round(achievable, 1),
+            "model_fraction_of_peak": eff.memory_bandwidth_fraction,
             "peak_gb_s": gpu.memory_bandwidth_gb_s,
         }
         for rec in doc.get("bandwidth", [])
@@ -650,23 +709,37 @@ def print_table(console: Console, title: str, rows: list[Row]) -> None:
     console.print(table)
 
 
-def print_groups(console: Console, rows: list[Row]) -> None:
+def by_kind(rows: list[Row]) -> list[dict[str, Any]]:
     """Signed error by kind of measurement and model: the bias, not just its size."""
     groups: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         if r.error_pct is not None:
             groups.setdefault((r.id.split("-")[0], r.model), []).append(r.error_pct)
-    table = Table(title="HF/torch set by kind: signed error (predicted − measured)")
+    return [
+        {
+            "kind": kind,
+            "model": model,
+            "points": len(errs),
+            "median_error_pct": round(statistics.median(errs), 1),
+            "min_error_pct": round(min(errs), 1),
+            "max_error_pct": round(max(errs), 1),
+        }
+        for (kind, model), errs in sorted(groups.items())
+    ]
+
+
+def print_groups(console: Console, name: str, rows: list[Row]) -> None:
+    table = Table(title=f"{name} by kind: signed error (predicted − measured)")
     for col in ("kind", "model", "points", "median", "min", "max"):
         table.add_column(col)
-    for (kind, model), errs in sorted(groups.items()):
+    for g in by_kind(rows):
         table.add_row(
-            kind,
-            model,
-            str(len(errs)),
-            f"{statistics.median(errs):+.1f}%",
-            f"{min(errs):+.1f}%",
-            f"{max(errs):+.1f}%",
+            g["kind"],
+            g["model"],
+            str(g["points"]),
+            f"{g['median_error_pct']:+.1f}%",
+            f"{g['min_error_pct']:+.1f}%",
+            f"{g['max_error_pct']:+.1f}%",
         )
     console.print(table)
 
@@ -677,7 +750,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report path")
     parser.add_argument(
-        "--measured", type=Path, default=DEFAULT_MEASURED, help="HF/torch H100 JSON"
+        "--measured",
+        type=Path,
+        action="append",
+        help="a measured HF/torch JSON document (repeatable; default: every *.json in "
+        f"{MEASURED_DIR.relative_to(REPO)})",
     )
     parser.add_argument(
         "--calls", type=int, default=200_000, help="step_time calls timed (0: skip)"
@@ -697,42 +774,58 @@ def main(argv: list[str] | None = None) -> int:
         "published: trt-llm / nim": [r for r in published if not r.engine.startswith("vllm")],
     }
     report: dict[str, Any] = {"command": "python bench/perf_model_error.py"}
-    if args.measured.exists():
-        doc = json.loads(args.measured.read_text("utf-8"))
-        measured = measured_rows(doc)
+    paths = args.measured or sorted(MEASURED_DIR.glob("*.json"))
+    measured_sets = load_measured(p for p in paths if p.exists())
+    for missing in (p for p in paths if not p.exists()):
+        console.print(f"[dim]no HF/torch measurements at {missing} (skipped)[/dim]")
+    report["measured_sets"] = {}
+    for ms in measured_sets:
+        gpu = get_gpu(ms.gpu)
+        measured = measured_rows(ms.doc, ms.gpu)
         worst = sorted(measured, key=lambda r: -abs(r.error_pct or 0.0))[: args.worst]
         print_table(
             console,
-            f"Step-time model vs HF/torch forward passes on one H100 SXM (not vLLM): "
-            f"the {len(worst)} largest errors of {len(measured)} (all in the JSON)",
+            f"{ms.name}: step-time model vs HF/torch forward passes on one {gpu.display_name} "
+            f"({ms.device}, not vLLM): the {len(worst)} largest errors of {len(measured)} "
+            f"(all in the JSON)",
             worst,
         )
-        print_groups(console, measured)
-        sets["hf-torch-h100"] = measured
-        groups["hf-torch-h100: decode+prefill"] = [
+        print_groups(console, ms.name, measured)
+        sets[ms.name] = measured
+        groups[f"{ms.name}: decode+prefill"] = [
             r for r in measured if r.id.startswith(("decode", "prefill"))
         ]
-        groups["hf-torch-h100: chain+gemm"] = [
+        groups[f"{ms.name}: chain+gemm"] = [
             r for r in measured if r.id.startswith(("chain", "gemm"))
         ]
-        mixed, savings = mixed_rows(doc)
+        info: dict[str, Any] = {
+            "file": str(ms.path.relative_to(REPO) if ms.path.is_relative_to(REPO) else ms.path),
+            "device": ms.device,
+            "gpu": ms.gpu,
+            "sets": [ms.name],
+            "by_kind": by_kind(measured),
+        }
+        mixed, savings = mixed_rows(ms.doc, ms.gpu)
         if mixed:
             worst = sorted(mixed, key=lambda r: -abs(r.error_pct or 0.0))[: args.worst]
             print_table(
                 console,
-                f"Step-time model vs mixed prefill + decode steps on one H100 SXM (plain "
-                f"PyTorch, not vLLM): the {len(worst)} largest errors of {len(mixed)}",
+                f"{ms.mixed_name}: step-time model vs mixed prefill + decode steps on one "
+                f"{gpu.display_name} (plain PyTorch, not vLLM): the {len(worst)} largest errors "
+                f"of {len(mixed)}",
                 worst,
             )
             print_savings(console, savings)
-            sets[MIXED_SET] = mixed
-            report["batching_saving"] = {"summary": saving_summary(savings), "points": savings}
-        report["bandwidth_checks"] = bandwidth_checks(doc)
-        for check in report["bandwidth_checks"]:
-            console.print(f"bandwidth {check['test']}: measured {check['measured_gb_s']} GB/s, "
-                          f"model streams at {check['model_achievable_gb_s']} GB/s")  # fmt: skip
-    else:
-        console.print(f"[dim]no HF/torch measurements at {args.measured} (skipped)[/dim]")
+            sets[ms.mixed_name] = mixed
+            info["sets"].append(ms.mixed_name)
+            info["batching_saving"] = {"summary": saving_summary(savings), "points": savings}
+        info["bandwidth_checks"] = bandwidth_checks(ms.doc, ms.gpu)
+        for check in info["bandwidth_checks"]:
+            console.print(f"{ms.name} bandwidth {check['test']}: measured "
+                          f"{check['measured_gb_s']} GB/s ({check['measured_fraction_of_peak']} of "
+                          f"{check['peak_gb_s']:,.0f}), model streams weights at "
+                          f"{check['model_achievable_gb_s']} GB/s")  # fmt: skip
+        report["measured_sets"][ms.name] = info
 
     summaries = {name: summary(rows) for name, rows in {**sets, **groups}.items()}
     sums = Table(title="Headline: absolute error of the model")
@@ -749,12 +842,13 @@ def main(argv: list[str] | None = None) -> int:
                 str(s["within_25_pct"]),
             )
     console.print(sums)
-    if "batching_saving" in report:
-        sav = report["batching_saving"]["summary"]
-        console.print(
-            f"batching saving of mixed steps ({sav['points']} points): |predicted − measured| "
-            f"median {sav['median_abs_error_ms']} ms, max {sav['max_abs_error_ms']} ms"
-        )
+    for name, info in report["measured_sets"].items():
+        if "batching_saving" in info:
+            sav = info["batching_saving"]["summary"]
+            console.print(
+                f"{name}-mixed batching saving ({sav['points']} points): |predicted − measured| "
+                f"median {sav['median_abs_error_ms']} ms, max {sav['max_abs_error_ms']} ms"
+            )
 
     if args.calls:
         report["speed"] = speed(args.calls)

@@ -155,3 +155,37 @@ def test_model_stays_within_its_documented_error_of_every_reference() -> None:
     assert max(abs(e) for e in errors.values()) < 50, errors
     vllm = sorted(abs(r.error_pct) for r in rows if r.engine.startswith("vllm"))
     assert vllm[len(vllm) // 2] < 20
+
+
+def test_model_stays_within_its_documented_error_of_every_measured_set() -> None:
+    """Every document under perf/data/measured/ is a set (docs/perf-model.md has the numbers)."""
+    bench = _load_bench()
+    sets = bench.load_measured(sorted(bench.MEASURED_DIR.glob("*.json")))
+    assert {s.name for s in sets} >= {"hf-torch-h100", "hf-torch-h200"}
+    for measured in sets:
+        rows = bench.measured_rows(measured.doc, measured.gpu)
+        errors = sorted(abs(r.error_pct) for r in rows if r.error_pct is not None)
+        assert len(errors) == len(rows) > 200, measured.name
+        assert errors[len(errors) // 2] < 10, measured.name
+        assert errors[-1] < 40, measured.name
+
+
+def test_h200_streams_weights_and_kv_at_its_measured_rates() -> None:
+    """The H200 overrides are the hf-torch-h200 rates: 8B linears at M=1, KV at 64+ sequences."""
+    bench = _load_bench()
+    h200 = bench.load_measured([bench.MEASURED_DIR / "h200-forward.json"])[0]
+    gpu = get_gpu("h200")
+    eff = efficiency_for(gpu)
+    chain = next(r for r in h200.doc["chain"] if r["model"] == "llama3.1-8b" and r["m"] == 1)
+    weights = gpu.memory_bandwidth_gb_s * eff.memory_bandwidth_fraction
+    assert weights == pytest.approx(chain["weight_gb_s_p50"], rel=0.03)
+    decode = {
+        (r["batch"], r["context"]): r["ms_p50"]
+        for r in h200.doc["decode"]
+        if r["model"] == "llama3.1-8b" and r.get("cuda_graph")
+    }
+    kv_bytes = h200.doc["models"]["llama3.1-8b"]["kv_bytes_per_token"]
+    kv = gpu.memory_bandwidth_gb_s * eff.kv_bandwidth_fraction
+    for b, c in ((64, 2048), (128, 1024)):
+        added_s = (decode[(b, 2 * c)] - decode[(b, c)]) / 1e3
+        assert kv == pytest.approx(b * c * kv_bytes / added_s / 1e9, rel=0.06), (b, c)
