@@ -1,0 +1,62 @@
+"""The streaming histogram: quantiles within the relative accuracy; exact count, mean, bounds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpufleet.sim import LogHistogram
+
+values = st.floats(min_value=1e-6, max_value=1e4, allow_nan=False)
+
+
+@given(st.lists(values, min_size=1, max_size=300), st.floats(min_value=0.0, max_value=1.0))
+def test_quantiles_are_within_the_relative_accuracy(sample: list[float], q: float) -> None:
+    histogram = LogHistogram(relative_accuracy=0.01)
+    for value in sample:
+        histogram.add(value)
+    exact = sorted(sample)[math.floor(q * (len(sample) - 1))]
+    got = histogram.quantile(q)
+    assert got is not None
+    assert abs(got - exact) <= 0.01 * exact * (1 + 1e-9)
+
+
+def test_exact_moments_and_weights() -> None:
+    histogram = LogHistogram()
+    histogram.add(0.010, count=3)
+    histogram.add(0.030)
+    assert histogram.count == 4
+    assert histogram.mean == pytest.approx(0.015)
+    assert (histogram.min, histogram.max) == (0.010, 0.030)
+    assert histogram.quantile(0.0) == 0.010
+    assert histogram.quantile(1.0) == 0.030
+    assert histogram.quantile(0.5) == pytest.approx(0.010, rel=0.005)
+
+
+def test_merge_equals_adding_everything() -> None:
+    a, b, both = LogHistogram(), LogHistogram(), LogHistogram()
+    for i in range(1, 50):
+        (a if i % 2 else b).add(i / 100)
+        both.add(i / 100)
+    a.merge(b)
+    assert list(a.buckets()) == list(both.buckets())
+    assert (a.count, a.min, a.max) == (both.count, both.min, both.max)
+    assert a.total == pytest.approx(both.total)
+    with pytest.raises(ValueError, match="relative accuracy"):
+        a.merge(LogHistogram(0.1))
+
+
+def test_empty_and_bad_input() -> None:
+    histogram = LogHistogram()
+    assert histogram.quantile(0.5) is None
+    assert histogram.mean is None
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="values > 0"):
+            histogram.add(bad)
+    with pytest.raises(ValueError, match="quantile"):
+        histogram.quantile(1.5)
+    with pytest.raises(ValueError, match="relative_accuracy"):
+        LogHistogram(0.0)
