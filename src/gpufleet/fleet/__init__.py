@@ -1,1 +1,45 @@
-"""Domain types of the control plane: replicas, their states, fleet views, requests, events."""
+"""Domain types of the control plane: replicas, their states, fleet views, requests, events.
+
+Values only (frozen dataclasses and enums): the gateway and the simulator build them, the
+policies in ``gpufleet.policy`` read them.
+"""
+
+from gpufleet.fleet._events import FleetEvent, ProbeResult, RequestFinished
+from gpufleet.fleet._replica import (
+    IN_SERVICE,
+    NO_LOAD,
+    ROUTABLE,
+    ReplicaId,
+    ReplicaLoad,
+    ReplicaState,
+    ReplicaView,
+)
+from gpufleet.fleet._request import (
+    FAILURES,
+    LOCAL_ORIGIN_FAILURES,
+    REPLICA_ORIGIN_FAILURES,
+    Outcome,
+    RouteRequest,
+    text_prefix_hashes,
+)
+from gpufleet.fleet._view import FleetView
+
+__all__ = [
+    "FAILURES",
+    "IN_SERVICE",
+    "LOCAL_ORIGIN_FAILURES",
+    "NO_LOAD",
+    "REPLICA_ORIGIN_FAILURES",
+    "ROUTABLE",
+    "FleetEvent",
+    "FleetView",
+    "Outcome",
+    "ProbeResult",
+    "ReplicaId",
+    "ReplicaLoad",
+    "ReplicaState",
+    "ReplicaView",
+    "RequestFinished",
+    "RouteRequest",
+    "text_prefix_hashes",
+]

@@ -1,1 +1,95 @@
-"""Pure, clock-injected policies: routing, admission, health, autoscaling, rollout."""
+"""Pure, clock-injected policies: routing, admission, health, autoscaling, rollout.
+
+Every policy is a small synchronous object: it takes ``now`` and a frozen
+:class:`~gpufleet.fleet.FleetView`, returns a frozen decision, and keeps its memory in named
+fields. The gateway and the fleet simulator drive the same objects.
+
+* Routing: :func:`make_router` builds a :class:`Router` from a fleet file's ``routing``
+  entry (docs/design/routing.md).
+* Health: :class:`HealthPolicy` (outlier detection, circuit breakers, active checks) and the
+  N+1 check :func:`redundancy` (docs/design/health.md).
+"""
+
+from gpufleet.policy._breaker import BreakerPhase, BreakerState, EjectionCause, ejection_time
+from gpufleet.policy._config import (
+    ROUTER_POLICIES,
+    ActiveCheckConfig,
+    HealthConfig,
+    KVAwareConfig,
+    LeastRequestConfig,
+    OutlierConfig,
+    PrefixAwareConfig,
+    RoundRobinConfig,
+    RouterConfig,
+    SessionConfig,
+    parse_router_config,
+)
+from gpufleet.policy._health import (
+    EjectionRecord,
+    HealthDecision,
+    HealthPolicy,
+    ReplicaHealth,
+    ejection_limit,
+)
+from gpufleet.policy._prefix import PrefixAwareRouter, PrefixIndex
+from gpufleet.policy._probe import ProbeState, ProbeStatus
+from gpufleet.policy._ranking import (
+    CandidateFilter,
+    Candidates,
+    Ranking,
+    RoutableFilter,
+    Router,
+    in_panic,
+    select_candidates,
+)
+from gpufleet.policy._redundancy import Redundancy, redundancy
+from gpufleet.policy._registry import make_router
+from gpufleet.policy._routers import (
+    KVAwareRouter,
+    LeastRequestRouter,
+    RoundRobinRouter,
+    kv_scores,
+)
+from gpufleet.policy._session import SessionRouter
+
+__all__ = [
+    "ROUTER_POLICIES",
+    "ActiveCheckConfig",
+    "BreakerPhase",
+    "BreakerState",
+    "CandidateFilter",
+    "Candidates",
+    "EjectionCause",
+    "EjectionRecord",
+    "HealthConfig",
+    "HealthDecision",
+    "HealthPolicy",
+    "KVAwareConfig",
+    "KVAwareRouter",
+    "LeastRequestConfig",
+    "LeastRequestRouter",
+    "OutlierConfig",
+    "PrefixAwareConfig",
+    "PrefixAwareRouter",
+    "PrefixIndex",
+    "ProbeState",
+    "ProbeStatus",
+    "Ranking",
+    "Redundancy",
+    "ReplicaHealth",
+    "RoundRobinConfig",
+    "RoundRobinRouter",
+    "RoutableFilter",
+    "Router",
+    "RouterConfig",
+    "SessionConfig",
+    "SessionRouter",
+    "ejection_limit",
+    "ejection_time",
+    "in_panic",
+    "kv_scores",
+    "make_router",
+    "parse_router_config",
+    "redundancy",
+    "select_candidates",
+]

@@ -1,0 +1,270 @@
+"""Prefix-aware routing: send a request where its longest prompt prefix is likely cached.
+
+The router cannot see the replicas' KV caches, so it keeps its own approximate index of
+what it sent where: per replica, the prefix-block hashes of the prompts it routed there, in
+a bounded LRU. Two structures, one owner (:class:`PrefixIndex`)::
+
+    lru[replica]     OrderedDict  h → None, least recently sent first, at most `capacity`
+    holders          dict         h → bitmask of replicas whose LRU holds h
+
+    request hashes    h0    h1    h2    h3
+    holders          1011  1001  0001  ----       (bit i = replica in slot i)
+    alive            1011  1001  0001  0000  →  slot 1: 1 block, slot 3: 2 … slot 0: 3 blocks
+
+Matching walks the request's hashes once, AND-ing the holder masks: a replica drops out at
+the first block it lacks, and its match length is the depth where it dropped. The cost is
+the length of the longest match, whatever the number of replicas.
+
+A prompt's blocks are inserted deepest first and its root last, so within a prompt the root
+is the most recently used: LRU eviction takes a prefix's tail before its head, and a
+replica's entries stay (nearly) prefix-closed, as an engine's cache does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from random import Random
+from types import MappingProxyType
+
+from gpufleet.fleet import (
+    FleetView,
+    Outcome,
+    ReplicaId,
+    ReplicaState,
+    RouteRequest,
+)
+from gpufleet.policy._config import PrefixAwareConfig
+from gpufleet.policy._ranking import (
+    CandidateFilter,
+    LoadSnapshot,
+    LoadTracker,
+    PoolShape,
+    Ranking,
+    order_by_key,
+    outstanding,
+    select_candidates,
+    shape_of,
+)
+from gpufleet.policy._routers import default_filters
+
+_FRESH_CACHE = frozenset({ReplicaState.STARTING, ReplicaState.STOPPED})
+"""States in which a replica's real cache is empty (or gone): its index entries are dropped."""
+
+
+class PrefixIndex:
+    """Per replica, the last ``capacity`` prefix blocks routed to it; longest-prefix lookup."""
+
+    __slots__ = ("_free", "_holders", "_lru", "_owner", "_slot", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"a prefix index needs a capacity of at least 1, got {capacity}")
+        self.capacity = capacity
+        self._slot: dict[ReplicaId, int] = {}
+        self._owner: dict[int, ReplicaId] = {}
+        self._free: list[int] = []  # a heap of released slots: masks stay small
+        self._lru: dict[ReplicaId, OrderedDict[int, None]] = {}
+        self._holders: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        """Distinct hashes indexed (at most ``capacity`` × replicas)."""
+        return len(self._holders)
+
+    def replicas(self) -> tuple[ReplicaId, ...]:
+        return tuple(self._lru)
+
+    def size(self, replica: ReplicaId) -> int:
+        """Hashes held for ``replica`` (at most ``capacity``)."""
+        lru = self._lru.get(replica)
+        return 0 if lru is None else len(lru)
+
+    def match(self, hashes: Sequence[int]) -> dict[ReplicaId, int]:
+        """Per replica holding the first block, how many leading blocks of ``hashes`` it holds."""
+        if not hashes:
+            return {}
+        holders = self._holders
+        alive = holders.get(hashes[0], 0)
+        if not alive:
+            return {}
+        matched: dict[ReplicaId, int] = {}
+        for depth in range(1, len(hashes)):
+            still = alive & holders.get(hashes[depth], 0)
+            if still != alive:
+                self._record(alive & ~still, depth, matched)
+                if not still:
+                    return matched
+                alive = still
+        self._record(alive, len(hashes), matched)
+        return matched
+
+    def _record(self, mask: int, depth: int, matched: dict[ReplicaId, int]) -> None:
+        owner = self._owner
+        while mask:
+            low = mask & -mask
+            matched[owner[low.bit_length() - 1]] = depth
+            mask ^= low
+
+    def insert(self, replica: ReplicaId, hashes: Sequence[int]) -> None:
+        """Record that ``replica`` was sent a prompt with these prefix blocks."""
+        if not hashes:
+            return
+        lru = self._lru.get(replica)
+        if lru is None:
+            slot = heapq.heappop(self._free) if self._free else len(self._slot)
+            self._slot[replica] = slot
+            self._owner[slot] = replica
+            lru = self._lru[replica] = OrderedDict()
+        bit = 1 << self._slot[replica]
+        holders = self._holders
+        for h in reversed(hashes):
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                holders[h] = holders.get(h, 0) | bit
+        while len(lru) > self.capacity:
+            old, _ = lru.popitem(last=False)
+            self._drop(old, bit)
+
+    def forget(self, replica: ReplicaId) -> None:
+        """Drop everything indexed for ``replica`` (its cache is gone)."""
+        lru = self._lru.pop(replica, None)
+        if lru is None:
+            return
+        slot = self._slot.pop(replica)
+        del self._owner[slot]
+        heapq.heappush(self._free, slot)
+        bit = 1 << slot
+        for h in lru:
+            self._drop(h, bit)
+
+    def _drop(self, h: int, bit: int) -> None:
+        mask = self._holders[h] & ~bit
+        if mask:
+            self._holders[h] = mask
+        else:
+            del self._holders[h]
+
+    def check(self) -> None:
+        """Assert the two structures agree and the bound holds (for tests)."""
+        for replica, lru in self._lru.items():
+            assert len(lru) <= self.capacity, f"{replica}: {len(lru)} > {self.capacity}"
+            bit = 1 << self._slot[replica]
+            for h in lru:
+                assert self._holders[h] & bit, f"{replica}: {h} missing from holders"
+        for h, mask in self._holders.items():
+            assert mask, f"{h}: empty holder mask"
+            for slot, replica in self._owner.items():
+                assert bool(mask & (1 << slot)) == (h in self._lru[replica]), (h, replica)
+        assert set(self._owner.values()) == set(self._lru), "slot table out of sync"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSnapshot:
+    index_sizes: Mapping[ReplicaId, int]
+    """Prefix blocks indexed per replica."""
+    indexed_hashes: int
+    load: LoadSnapshot
+
+
+class PrefixAwareRouter:
+    """Longest cached prefix among replicas that are not overloaded; else least loaded.
+
+    With ``load`` = :func:`outstanding` requests and ``least`` the smallest among the
+    candidates, a replica is *overloaded* when::
+
+        load > least + balance_abs   and   load > balance_rel × least
+
+    Tier 0 holds the non-overloaded replicas with the longest match (at least
+    ``min_match_blocks``), least loaded first, equal loads in random order; tier 1 holds
+    everyone else by load. With no match worth the name there is one tier, by load.
+    """
+
+    name = "prefix_aware"
+
+    def __init__(
+        self,
+        config: PrefixAwareConfig,
+        rng: Random,
+        filters: tuple[CandidateFilter, ...] | None = None,
+    ) -> None:
+        self.config = config
+        self._rng = rng
+        self._filters = default_filters(config.panic_threshold) if filters is None else filters
+        self._index = PrefixIndex(config.index_blocks)
+        self._load = LoadTracker()
+        self._synced_view: FleetView | None = None
+        self._shapes: dict[str, PoolShape] = {}
+
+    def rank(self, now: float, request: RouteRequest, view: FleetView) -> Ranking:
+        if view is not self._synced_view:
+            self._sync(view)
+        candidates = select_candidates(request, view, self._filters)
+        replicas = candidates.replicas
+        if not replicas:
+            return Ranking((), self.name, candidates.panic)
+        config, rng = self.config, self._rng
+        shape = shape_of(self._shapes, request.model, replicas)
+        ids = shape.ids
+        loads = outstanding(shape, self._load.counts, now, config.max_scrape_age)
+        matches = self._index.match(request.prefix_hashes)
+        if not matches:
+            return Ranking((order_by_key(ids, loads, rng),), self.name, candidates.panic)
+
+        least = min(loads)
+        limit = max(least + config.balance_abs, least * config.balance_rel)
+        position = shape.position
+        best = 0
+        matched: dict[ReplicaId, int] = {}
+        for replica, found in matches.items():
+            i = position.get(replica)
+            if i is None:  # indexed, but not a candidate now
+                continue
+            matched[replica] = found
+            if found > best and loads[i] <= limit:
+                best = found
+        if best < config.min_match_blocks:
+            tiers: tuple[tuple[ReplicaId, ...], ...] = (order_by_key(ids, loads, rng),)
+            return Ranking(tiers, self.name, candidates.panic, matched)
+        hit = sorted(
+            position[replica]
+            for replica, found in matched.items()
+            if found == best and loads[position[replica]] <= limit
+        )
+        taken = set(hit)
+        rest = [i for i in range(len(ids)) if i not in taken]
+        tiers = tuple(
+            order_by_key([ids[i] for i in group], [loads[i] for i in group], rng)
+            for group in (hit, rest)
+            if group
+        )
+        return Ranking(tiers, self.name, candidates.panic, matched)
+
+    def _sync(self, view: FleetView) -> None:
+        """Forget replicas that left the view or restarted (their caches are empty)."""
+        for replica in self._index.replicas():
+            seen = view.replica(replica)
+            if seen is None or seen.state in _FRESH_CACHE:
+                self._index.forget(replica)
+        self._synced_view = view
+
+    def on_request_start(self, now: float, request: RouteRequest, replica: ReplicaId) -> None:
+        self._load.start(request, replica)
+        self._index.insert(replica, request.prefix_hashes)
+
+    def on_request_end(
+        self, now: float, request: RouteRequest, replica: ReplicaId, outcome: Outcome
+    ) -> None:
+        self._load.end(request, replica)
+
+    def snapshot(self) -> PrefixSnapshot:
+        index = self._index
+        sizes = {r: index.size(r) for r in index.replicas()}
+        return PrefixSnapshot(MappingProxyType(sizes), len(index), self._load.snapshot())
+
+    def check(self) -> None:
+        """Assert the index's invariants (for tests)."""
+        self._index.check()

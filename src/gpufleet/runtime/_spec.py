@@ -1,0 +1,168 @@
+"""What the runtime should run: engine specs, pools and their deterministically named replicas.
+
+A pool is a template and a count; replica ``i`` of pool ``p`` is named ``f"{p}-{i}"``::
+
+    pool = PoolSpec("llama-3.1-8b", EngineSpec(model="llama-3.1-8b"), replicas=2)
+    [spec.name for spec in desired_replicas([pool], {"llama-3.1-8b": 2})]
+    # ['llama-3.1-8b-0', 'llama-3.1-8b-1']
+
+Scaling a pool to ``n`` keeps indices ``0 .. n-1``: scale-in retires the highest indices, and a
+replica's name never depends on start order, timing or a counter that a restart would move.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+from gpufleet.fleet import ReplicaId
+
+_POOL_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
+"""Lower-case letters, digits, ``.`` and ``-``: safe in a replica name, a file name and a URL."""
+
+
+class EngineKind(StrEnum):
+    """How a replica is run."""
+
+    SIM = "sim"
+    """``gpufleet engine sim`` as a child process: a modelled vLLM replica."""
+    VLLM = "vllm"
+    """``vllm serve`` as a child process (needs vLLM and a GPU; built, not tested, here)."""
+    EXTERNAL = "external"
+    """An endpoint someone else runs: nothing is started, its URL is probed and routed to."""
+
+
+SPAWNED: Final = frozenset({EngineKind.SIM, EngineKind.VLLM})
+"""Kinds for which the runtime owns a child process."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One engine replica's recipe: what it serves, on what, with which extra flags and env.
+
+    ``args`` are appended to the command line the runtime builds (they win over its defaults,
+    e.g. ``("--time-scale", "50")`` for a sim engine); ``env`` is added to the parent's
+    environment. ``endpoints`` is for ``EXTERNAL`` only: replica ``i`` is ``endpoints[i]``.
+    """
+
+    model: str = "llama-3.1-8b"
+    """Catalog model name (sim) or Hugging Face model id / path (vLLM)."""
+    kind: EngineKind = EngineKind.SIM
+    gpu: str = "h100-sxm"
+    tp: int = 1
+    served_model_name: str | None = None
+    """The name clients send as ``model`` (default: ``model``)."""
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    endpoints: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A read-only copy: a frozen spec must not change under the reconciler's feet.
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "endpoints", tuple(e.rstrip("/") for e in self.endpoints))
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.kind is EngineKind.EXTERNAL:
+            if not self.endpoints:
+                raise ValueError("an external engine needs at least one endpoint URL")
+            for url in self.endpoints:
+                if not url.startswith(("http://", "https://")):
+                    raise ValueError(f"endpoint must be an http(s) URL, got {url!r}")
+        elif self.endpoints:
+            raise ValueError(f"endpoints are for external engines, not {self.kind.value!r}")
+
+    @property
+    def served_name(self) -> str:
+        """The model name clients use."""
+        return self.served_model_name or self.model
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """One desired replica: pool, index and recipe. Two specs are equal iff nothing differs.
+
+    ``start_delay_s`` emulates provisioning (a cloud VM or a node joining): a new replica
+    waits that long before its process starts. A restart after a crash does not wait for it.
+    """
+
+    pool: str
+    index: int
+    engine: EngineSpec
+    start_delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_pool_name(self.pool)
+        if self.index < 0:
+            raise ValueError(f"index must be >= 0, got {self.index}")
+        _check_delay(self.start_delay_s)
+        if self.engine.kind is EngineKind.EXTERNAL and self.index >= len(self.engine.endpoints):
+            raise ValueError(
+                f"pool {self.pool!r} has {len(self.engine.endpoints)} external endpoint(s), "
+                f"no replica {self.index}"
+            )
+
+    @property
+    def name(self) -> ReplicaId:
+        """``<pool>-<index>``: deterministic, unique in the fleet."""
+        return ReplicaId(f"{self.pool}-{self.index}")
+
+    @property
+    def endpoint(self) -> str | None:
+        """The given base URL of an external replica; ``None`` for spawned ones."""
+        if self.engine.kind is EngineKind.EXTERNAL:
+            return self.engine.endpoints[self.index]
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """A pool: a name, a recipe, an initial replica count and a provisioning delay."""
+
+    name: str
+    engine: EngineSpec
+    replicas: int = 1
+    start_delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_pool_name(self.name)
+        _check_delay(self.start_delay_s)
+        check_count(self, self.replicas)
+
+    def replica(self, index: int) -> ReplicaSpec:
+        """The spec of replica ``index`` (whatever the current count)."""
+        return ReplicaSpec(self.name, index, self.engine, self.start_delay_s)
+
+
+def check_count(pool: PoolSpec, count: int) -> None:
+    """Raise ``ValueError`` unless ``pool`` can have ``count`` replicas."""
+    if count < 0:
+        raise ValueError(f"pool {pool.name!r}: replica count must be >= 0, got {count}")
+    if pool.engine.kind is EngineKind.EXTERNAL and count > len(pool.engine.endpoints):
+        raise ValueError(
+            f"pool {pool.name!r}: {count} replicas wanted, "
+            f"{len(pool.engine.endpoints)} external endpoint(s) given"
+        )
+
+
+def desired_replicas(pools: Sequence[PoolSpec], counts: Mapping[str, int]) -> list[ReplicaSpec]:
+    """Replicas ``0 .. counts[pool]-1`` of every pool, in pool then index order."""
+    return [pool.replica(i) for pool in pools for i in range(counts.get(pool.name, 0))]
+
+
+def _check_pool_name(name: str) -> None:
+    if not _POOL_NAME.fullmatch(name):
+        raise ValueError(
+            f"pool name {name!r}: use lower-case letters, digits, '.' and '-' "
+            "(it names replicas and their log files)"
+        )
+
+
+def _check_delay(seconds: float) -> None:
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"start_delay_s must be finite and >= 0, got {seconds}")
