@@ -12,9 +12,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Until the gateway lands, the main job plans the default fleet.
+# The default local fleet (two sim replicas) behind the gateway on 127.0.0.1:8000, until Ctrl-C.
 run: $(STAMP)
-	$(BIN)/gpufleet plan
+	$(BIN)/gpufleet up
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

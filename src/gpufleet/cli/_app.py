@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli import _catalog_cmd, _engine_cmd, _plan_cmd
+from gpufleet.cli import _catalog_cmd, _engine_cmd, _plan_cmd, _up_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -15,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("plan")(_plan_cmd.plan)
+app.command("up")(_up_cmd.up)
 app.add_typer(_catalog_cmd.app, name="catalog")
 app.add_typer(_engine_cmd.app, name="engine")
 

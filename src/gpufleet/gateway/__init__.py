@@ -1,1 +1,47 @@
-"""The OpenAI-compatible HTTP edge: proxy, auth, streaming, metrics."""
+"""The OpenAI-compatible HTTP edge: routing, retries, streaming, health, metrics.
+
+``create_gateway(config, replica_source, registry)`` returns a pure ASGI app (docs/gateway.md).
+The replicas come from a :class:`ReplicaSource` the shell feeds (``gpufleet up`` adapts the
+local runtime); upstream requests go through one seam, :class:`ReplicaClient`.
+"""
+
+from gpufleet.gateway._app import Gateway, create_gateway
+from gpufleet.gateway._errors import (
+    BadRequestError,
+    GatewayError,
+    LocalOriginError,
+    ModelNotFoundError,
+    NoReplicaError,
+    ReplicaOriginError,
+    UpstreamError,
+)
+from gpufleet.gateway._metrics import GatewayMetrics
+from gpufleet.gateway._replicas import ReplicaSource, StaticReplicas, Upstream
+from gpufleet.gateway._scrape import parse_engine_metrics
+from gpufleet.gateway._upstream import (
+    HttpReplicaClient,
+    ReplicaClient,
+    UpstreamRequest,
+    UpstreamResponse,
+)
+
+__all__ = [
+    "BadRequestError",
+    "Gateway",
+    "GatewayError",
+    "GatewayMetrics",
+    "HttpReplicaClient",
+    "LocalOriginError",
+    "ModelNotFoundError",
+    "NoReplicaError",
+    "ReplicaClient",
+    "ReplicaOriginError",
+    "ReplicaSource",
+    "StaticReplicas",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamRequest",
+    "UpstreamResponse",
+    "create_gateway",
+    "parse_engine_metrics",
+]

@@ -1,0 +1,31 @@
+"""The fleet file: models, their engines, routing and health, and the gateway's settings.
+
+``load_fleet(path)`` returns a validated :class:`FleetConfig` (docs/fleet-file.md); with no
+path it loads the packaged default fleet, a small local sim fleet.
+"""
+
+from gpufleet.config._fleet import (
+    DEFAULT_FLEET,
+    EngineKind,
+    FleetConfig,
+    FleetFileError,
+    GatewayConfig,
+    ModelConfig,
+    RetryConfig,
+    Timeouts,
+    load_fleet,
+    parse_fleet,
+)
+
+__all__ = [
+    "DEFAULT_FLEET",
+    "EngineKind",
+    "FleetConfig",
+    "FleetFileError",
+    "GatewayConfig",
+    "ModelConfig",
+    "RetryConfig",
+    "Timeouts",
+    "load_fleet",
+    "parse_fleet",
+]

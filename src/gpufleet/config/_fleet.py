@@ -1,0 +1,239 @@
+"""The fleet file: what ``gpufleet up`` runs and how the gateway serves it.
+
+One YAML file, validated by the pydantic models below; every default is written here::
+
+    gateway: {host: 127.0.0.1, port: 8000}
+    models:
+      - name: llama-3.1-8b          # what clients send as `model`; also the pool's name
+        engine: sim                  # sim | vllm | external
+        gpu: h100-sxm
+        replicas: 2
+        routing: prefix_aware        # or {policy: kv_aware, kv_weight: 4}
+        health: {outlier: {consecutive_5xx: 3}}
+
+``load_fleet(path)`` reads and validates a file; a bad one is a :class:`FleetFileError` (a
+``ValueError``) whose message names the file and the field path (``models[0].gpu: …``).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import pydantic
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from gpufleet.catalog import CatalogError, get_gpu, get_model
+from gpufleet.policy import HealthConfig, PrefixAwareConfig, RouterConfig
+
+_NAME: Final = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
+"""A model's name names its pool and replicas (``llama-3.1-8b-0``) and their log files."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EngineKind(StrEnum):
+    """How a model's replicas run (the runtime's kinds, by the same names)."""
+
+    SIM = "sim"
+    """``gpufleet engine sim`` child processes: modelled vLLM replicas."""
+    VLLM = "vllm"
+    """``vllm serve`` child processes (needs vLLM and a GPU)."""
+    EXTERNAL = "external"
+    """Endpoints someone else runs: nothing is started, ``endpoints`` are routed to."""
+
+
+def _policy_name(value: object) -> object:
+    return {"policy": value} if isinstance(value, str) else value
+
+
+class ModelConfig(_Strict):
+    """One served model: a pool of identical replicas behind one router."""
+
+    name: str
+    """What clients send as ``model``; also the pool's name and its replicas' prefix."""
+    model: str | None = None
+    """The catalog model a sim replica models, or the Hugging Face id vLLM serves
+    (default: ``name``)."""
+    engine: EngineKind = EngineKind.SIM
+    gpu: str = "h100-sxm"
+    """Catalog GPU name (sim and vllm)."""
+    tp: int = Field(1, ge=1)
+    """Tensor-parallel size."""
+    replicas: int | None = Field(None, ge=0)
+    """Replicas to run (default: 2, or one per endpoint for ``external``)."""
+    args: tuple[str, ...] = ()
+    """Extra engine flags, appended last (``["--time-scale", "10"]`` for a sim engine)."""
+    endpoints: tuple[str, ...] = ()
+    """Base URLs (``http://host:port``, no ``/v1``) of an ``external`` model's replicas."""
+    routing: Annotated[RouterConfig, BeforeValidator(_policy_name)] = PrefixAwareConfig()
+    """The router: a policy name, or a mapping with ``policy`` and its settings
+    (docs/design/routing.md)."""
+    health: HealthConfig = HealthConfig()
+    """Outlier detection and active checks (docs/design/health.md)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(
+                f"name {self.name!r}: use lower-case letters, digits, '.' and '-' "
+                "(it names the pool, its replicas and their log files)"
+            )
+        if self.engine is EngineKind.EXTERNAL:
+            if not self.endpoints:
+                raise ValueError("an external model needs at least one entry in endpoints")
+            for url in self.endpoints:
+                if not url.startswith(("http://", "https://")):
+                    raise ValueError(f"endpoints: {url!r} is not an http(s) URL")
+            if self.replicas is not None and self.replicas > len(self.endpoints):
+                raise ValueError(
+                    f"replicas: {self.replicas} wanted, {len(self.endpoints)} endpoint(s) given"
+                )
+            return self
+        if self.endpoints:
+            raise ValueError(f"endpoints are for external models, not {self.engine.value!r}")
+        try:
+            get_gpu(self.gpu)
+            if self.engine is EngineKind.SIM:
+                get_model(self.served_model)
+        except CatalogError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+    @property
+    def served_model(self) -> str:
+        """The model the engine loads (``model``, or ``name``)."""
+        return self.model or self.name
+
+    @property
+    def replica_count(self) -> int:
+        if self.replicas is not None:
+            return self.replicas
+        return len(self.endpoints) if self.engine is EngineKind.EXTERNAL else 2
+
+
+class Timeouts(_Strict):
+    """Upstream timeouts, in seconds, enforced by the gateway on every attempt."""
+
+    connect: float = Field(1.0, gt=0.0)
+    """Opening a connection to a replica (a refused one fails at once)."""
+    first_byte: float = Field(60.0, gt=0.0)
+    """From sending the request to the first byte of the response body. A non-streaming
+    response arrives whole, so this bounds its generation too."""
+    idle_stream: float = Field(30.0, gt=0.0)
+    """Between two chunks of a streamed response."""
+
+
+class RetryConfig(_Strict):
+    """Retries of failures before the first byte, on the next replica of the ranking."""
+
+    max_retries: int = Field(2, ge=0)
+    """Further attempts per request after the first."""
+    budget_percent: float = Field(20.0, ge=0.0, le=100.0)
+    """Retries in flight may be at most this share of the requests in flight (Envoy's retry
+    budget), so a failing fleet does not double its own load …"""
+    min_retry_concurrency: int = Field(3, ge=0)
+    """… but this many retries at once are always allowed."""
+
+
+class GatewayConfig(_Strict):
+    """The gateway's address and its upstream behaviour."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    """0: any free port (the command prints which)."""
+    timeouts: Timeouts = Timeouts()
+    retry: RetryConfig = RetryConfig()
+    scrape_interval: float = Field(0.2, gt=0.0)
+    """Seconds between two scrapes of each replica's ``/metrics`` (for ``kv_aware`` and
+    ``prefix_aware`` routing)."""
+    retry_after: int = Field(1, ge=0)
+    """The ``Retry-After`` seconds of a 503 when no replica can take a request."""
+    max_connections: int = Field(1000, ge=1)
+    """Upstream connections, kept alive and pooled, over all replicas."""
+    seed: int = 0
+    """Seed of the routers' and health policies' tie-breaking draws."""
+
+
+class FleetConfig(_Strict):
+    """A whole fleet file."""
+
+    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    gateway: GatewayConfig = GatewayConfig()
+
+    @model_validator(mode="after")
+    def _unique(self) -> FleetConfig:
+        seen: set[str] = set()
+        for model in self.models:
+            if model.name in seen:
+                raise ValueError(f"model {model.name!r} is given twice")
+            seen.add(model.name)
+        return self
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+class FleetFileError(ValueError):
+    """A fleet file that cannot be read or does not validate; the message says where."""
+
+
+DEFAULT_FLEET: Final = Path(__file__).parent / "data" / "default-fleet.yaml"
+"""The fleet ``gpufleet up`` serves when no ``--fleet`` is given."""
+
+
+def load_fleet(path: Path | str = DEFAULT_FLEET) -> FleetConfig:
+    """Read and validate a fleet file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise FleetFileError(f"{path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise FleetFileError(f"{path}: not valid YAML: {error}") from None
+    return parse_fleet(data, source=str(path))
+
+
+def parse_fleet(data: Any, source: str = "fleet") -> FleetConfig:
+    """Validate a fleet file's content (a mapping, as YAML loads it)."""
+    if not isinstance(data, dict):
+        raise FleetFileError(f"{source}: expected a mapping with `models`, got {_kind(data)}")
+    try:
+        return FleetConfig.model_validate(data)
+    except pydantic.ValidationError as error:
+        raise FleetFileError(f"{source}: {describe(error)}") from None
+
+
+def describe(error: pydantic.ValidationError) -> str:
+    """The first error as ``models[0].routing.balance_rel: message`` (and how many more)."""
+    first = error.errors()[0]
+    where = _path(first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{where}: {message}{more}" if where else f"{message}{more}"
+
+
+_UNION_TAGS: Final = frozenset(
+    {"round_robin", "least_request", "kv_aware", "prefix_aware", "session"}
+)
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _UNION_TAGS and i > 0 and loc[i - 1] == "routing":
+            continue  # pydantic names the union member; the user wrote `routing.<field>`
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _kind(data: object) -> str:
+    return "nothing" if data is None else type(data).__name__

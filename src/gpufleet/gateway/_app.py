@@ -1,0 +1,579 @@
+"""The gateway: a pure ASGI app in front of the fleet's replicas.
+
+::
+
+    app = create_gateway(load_fleet(), replica_source, CollectorRegistry())
+    uvicorn.run(app)      # lifespan on: the prober and the scraper run in its TaskGroup
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (proxied, SSE passed through
+chunk by chunk), ``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``. Every
+response carries ``x-request-id`` (the client's, or a new one). Errors are mapped once, in
+:meth:`Gateway._answer_error` (the tree is in ``_errors``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import AsyncExitStack
+from typing import Any, Final
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gpufleet.config import FleetConfig
+from gpufleet.fleet import (
+    Outcome,
+    ProbeResult,
+    ReplicaId,
+    ReplicaLoad,
+    RequestFinished,
+    RouteRequest,
+    text_prefix_hashes,
+)
+from gpufleet.gateway._errors import (
+    BadRequestError,
+    GatewayError,
+    LocalOriginError,
+    MethodNotAllowedError,
+    ModelNotFoundError,
+    NoReplicaError,
+    PayloadTooLargeError,
+    ReplicaOriginError,
+    RouteNotFoundError,
+    UpstreamError,
+    error_body,
+    error_event,
+)
+from gpufleet.gateway._metrics import GatewayMetrics
+from gpufleet.gateway._replicas import ReplicaSource
+from gpufleet.gateway._scrape import parse_engine_metrics
+from gpufleet.gateway._state import FleetState, Pool
+from gpufleet.gateway._upstream import HttpReplicaClient, ReplicaClient, UpstreamRequest
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY: Final = 32 * 1024 * 1024
+_JSON: Final = (b"content-type", b"application/json")
+_COMPLETIONS: Final = {"/v1/chat/completions": True, "/v1/completions": False}
+_SCRAPED_POLICIES: Final = frozenset({"kv_aware", "prefix_aware"})
+
+
+class ClientDisconnectedError(Exception):
+    """The client went away; its upstream attempt is cancelled."""
+
+
+class Gateway:
+    """The ASGI callable. Build it with :func:`create_gateway`."""
+
+    def __init__(
+        self,
+        config: FleetConfig,
+        source: ReplicaSource,
+        registry: CollectorRegistry,
+        *,
+        client: ReplicaClient | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._source = source
+        self._registry = registry
+        self._client_given = client
+        self._client: ReplicaClient | None = client
+        self._clock = clock
+        self.metrics = GatewayMetrics(registry)
+        self._wake = asyncio.Event()
+        self.fleet = FleetState(config, self.metrics, clock, self._wake.set)
+        self._created = int(time.time())
+        self._active = 0
+        self._active_retries = 0
+        gateway = config.gateway
+        self._timeouts = gateway.timeouts
+        self._retry = gateway.retry
+        self._models_body = json.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": m.name,
+                        "object": "model",
+                        "created": self._created,
+                        "owned_by": "gpufleet",
+                    }
+                    for m in config.models
+                ],
+            }
+        ).encode()
+
+    # -- ASGI -----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = None
+        for key, value in scope["headers"]:
+            if key == b"x-request-id":
+                request_id = value.decode("latin-1")
+                break
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        rid = (b"x-request-id", request_id.encode("latin-1"))
+        path, method = scope["path"], scope["method"]
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [*message.get("headers", ()), rid]
+            await send(message)
+
+        try:
+            chat = _COMPLETIONS.get(path)
+            if chat is not None:
+                if method != "POST":
+                    raise MethodNotAllowedError(f"{method} is not allowed on {path}")
+                await self._completion(chat, path, scope, receive, tracked, request_id=request_id)
+            else:
+                await self._get(method, path, tracked)
+        except GatewayError as error:
+            if not started:
+                await self._answer_error(tracked, error)
+
+    async def _get(self, method: str, path: str, send: Send) -> None:
+        if method not in ("GET", "HEAD"):
+            if path in _GETS:
+                raise MethodNotAllowedError(f"{method} is not allowed on {path}")
+            raise RouteNotFoundError(f"no route {method} {path}")
+        if path == "/v1/models":
+            await _respond(send, 200, self._models_body)
+        elif path == "/health":
+            await _respond(send, 200, b'{"status":"ok"}')
+        elif path == "/ready":
+            await self._ready(send)
+        elif path == "/metrics":
+            body = generate_latest(self._registry)
+            await _respond(send, 200, body, CONTENT_TYPE_LATEST.encode())
+        else:
+            raise RouteNotFoundError(f"no route {method} {path}")
+
+    async def _answer_error(self, send: Send, error: GatewayError) -> None:
+        """The one place where an error becomes a response."""
+        body = error_body(error.status, error.type, error.message)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": error.status,
+                "headers": [_JSON, *error.headers()],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _ready(self, send: Send) -> None:
+        routable = self.fleet.ready()
+        ok = all(n > 0 for n in routable.values())
+        body = json.dumps({"ready": ok, "routable": routable}).encode()
+        await _respond(send, 200 if ok else 503, body)
+
+    # -- lifespan: the background loops live in one TaskGroup --------------------------------
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        message = await receive()
+        assert message["type"] == "lifespan.startup"
+        try:
+            async with AsyncExitStack() as stack:
+                if self._client is None:
+                    self._client = await stack.enter_async_context(
+                        HttpReplicaClient(
+                            connect=self._timeouts.connect,
+                            max_connections=self.config.gateway.max_connections,
+                        )
+                    )
+                stack.callback(self._source.subscribe(self.fleet.set_replicas))
+                async with asyncio.TaskGroup() as tg:
+                    loops = [tg.create_task(self._health_loop(tg), name="gateway-health")]
+                    if any(m.routing.policy in _SCRAPED_POLICIES for m in self.config.models):
+                        loops.append(tg.create_task(self._scrape_loop(), name="gateway-scrape"))
+                    await send({"type": "lifespan.startup.complete"})
+                    await receive()  # lifespan.shutdown
+                    for task in loops:
+                        task.cancel()
+        except BaseException as error:
+            await send({"type": "lifespan.shutdown.failed", "message": repr(error)})
+            raise
+        finally:
+            self._client = self._client_given
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def _health_loop(self, tg: asyncio.TaskGroup) -> None:
+        """Decide, send the probes asked for, sleep until the next decision is due or woken."""
+        while True:
+            self._wake.clear()
+            now = self._clock()
+            probes, next_at = self.fleet.decide(now)
+            for replica in probes:
+                tg.create_task(self._probe(replica), name=f"probe-{replica}")
+            delay = 1.0 if next_at is None else min(max(next_at - now, 0.0), 1.0)
+            try:
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _probe(self, replica: ReplicaId) -> None:
+        upstream = self.fleet.upstreams.get(replica)
+        if upstream is None or upstream.url is None or self._client is None:
+            return
+        pool = self.fleet.pools[upstream.model]
+        timeout = pool.config.health.active.timeout
+        try:
+            async with asyncio.timeout(timeout):
+                status, _ = await self._client.get(upstream.url + "/health", timeout)
+            ok = status == 200
+        except (TimeoutError, UpstreamError):
+            ok = False
+        self.fleet.on_event(self._clock(), upstream.model, ProbeResult(replica, ok))
+
+    async def _scrape_loop(self) -> None:
+        interval = self.config.gateway.scrape_interval
+        scraped = {m.name for m in self.config.models if m.routing.policy in _SCRAPED_POLICIES}
+        while True:
+            targets = [
+                (name, u.url)
+                for name, u in self.fleet.upstreams.items()
+                if u.model in scraped and u.url is not None
+            ]
+            results = await asyncio.gather(*(self._scrape(url) for _, url in targets))
+            now = self._clock()
+            loads = {
+                name: ReplicaLoad(running=r[0], waiting=r[1], kv_cache_usage=r[2], observed_at=now)
+                for (name, _), r in zip(targets, results, strict=True)
+                if r is not None
+            }
+            if loads:
+                self.fleet.set_loads(loads)
+            await asyncio.sleep(interval)
+
+    async def _scrape(self, url: str) -> tuple[int, int, float] | None:
+        assert self._client is not None
+        timeout = max(self.config.gateway.scrape_interval * 5, 0.5)
+        try:
+            async with asyncio.timeout(timeout):
+                status, body = await self._client.get(url + "/metrics", timeout)
+        except (TimeoutError, UpstreamError):
+            return None
+        if status != 200:
+            return None
+        return parse_engine_metrics(body.decode("utf-8", "replace"))
+
+    # -- the proxy ------------------------------------------------------------------------
+
+    async def _completion(
+        self, chat: bool, path: str, scope: Scope, receive: Receive, send: Send, *, request_id: str
+    ) -> None:
+        arrived = self._clock()
+        body = await _read_body(receive)
+        payload = _parse(body, chat)
+        model = payload["model"]
+        pool = self.fleet.pools.get(model)
+        if pool is None:
+            raise ModelNotFoundError(f"The model `{model}` does not exist.")
+        status = 500
+        self._active += 1
+        try:
+            status = await self._until_disconnect(
+                receive,
+                self._route(
+                    pool,
+                    path,
+                    scope,
+                    payload=payload,
+                    body=body,
+                    send=send,
+                    request_id=request_id,
+                    arrived=arrived,
+                ),
+            )
+        except* ClientDisconnectedError:
+            status = 499
+        except* GatewayError as group:
+            error = group.exceptions[0]
+            status = error.status if isinstance(error, GatewayError) else 500
+            raise error from None
+        finally:
+            self._active -= 1
+            self.metrics.requests.labels(model, str(status)).inc()
+            self.metrics.e2e.labels(model).observe(self._clock() - arrived)
+
+    async def _until_disconnect(self, receive: Receive, work: Awaitable[int]) -> int:
+        """Run ``work``; if the client disconnects first, cancel it (and its upstream)."""
+        async with asyncio.TaskGroup() as tg:
+            watcher = tg.create_task(_watch_disconnect(receive))
+            try:
+                return await work
+            finally:
+                watcher.cancel()
+
+    async def _route(
+        self,
+        pool: Pool,
+        path: str,
+        scope: Scope,
+        *,
+        payload: dict[str, Any],
+        body: bytes,
+        send: Send,
+        request_id: str,
+        arrived: float,
+    ) -> int:
+        model = pool.config.name
+        text = _prompt_text(payload)
+        session = _header(scope, b"x-session-id") or payload.get("user")
+        request = RouteRequest(
+            request_id,
+            model,
+            prefix_hashes=text_prefix_hashes(text),
+            prompt_tokens=len(text) // 4,
+            session_key=session if isinstance(session, str) else None,
+        )
+        now = self._clock()
+        ranking = pool.router.rank(now, request, self.fleet.view)
+        metrics = self.metrics
+        metrics.routing.labels(model, ranking.policy, "true" if ranking.panic else "false").inc()
+        candidates = ranking.replicas()[: 1 + self._retry.max_retries]
+        if not candidates:
+            raise NoReplicaError(
+                f"no replica of `{model}` can take the request now",
+                self.config.gateway.retry_after,
+            )
+        metrics.overhead.labels(model).observe(now - arrived)
+        stream = payload.get("stream") is True
+        headers = [("content-type", "application/json"), ("x-request-id", request_id)]
+        last: UpstreamError | None = None
+        for attempt, replica in enumerate(candidates):
+            upstream = self.fleet.upstreams.get(replica)
+            if upstream is None or upstream.url is None:
+                continue
+            retry = attempt > 0
+            if retry:
+                if not self._may_retry():
+                    metrics.retries_refused.labels(model).inc()
+                    break
+                reason = last.outcome.value if last is not None else "unknown"
+                metrics.retries.labels(model, reason).inc()
+                self._active_retries += 1
+            else:
+                metrics.prefix_match.labels(model).observe(ranking.matched(replica))
+            upstream_request = UpstreamRequest(upstream.url, path, body, headers)
+            pool.router.on_request_start(self._clock(), request, replica)
+            in_flight = metrics.in_flight.labels(replica)
+            in_flight.inc()
+            outcome = Outcome.CANCELLED
+            try:
+                status, outcome = await self._attempt(
+                    upstream_request, stream, send, model, arrived
+                )
+                return status
+            except UpstreamError as failure:
+                outcome, last = failure.outcome, failure
+            finally:
+                if retry:
+                    self._active_retries -= 1
+                in_flight.dec()
+                end = self._clock()
+                pool.router.on_request_end(end, request, replica, outcome)
+                metrics.attempts.labels(replica, outcome.value).inc()
+                self.fleet.on_event(end, model, RequestFinished(replica, outcome))
+        why = f": {last}" if last is not None else ""
+        raise NoReplicaError(
+            f"no replica of `{model}` could take the request{why}",
+            self.config.gateway.retry_after,
+        )
+
+    def _may_retry(self) -> bool:
+        retry = self._retry
+        allowed = max(retry.min_retry_concurrency, retry.budget_percent / 100.0 * self._active)
+        return self._active_retries < allowed
+
+    async def _attempt(
+        self, request: UpstreamRequest, stream: bool, send: Send, model: str, arrived: float
+    ) -> tuple[int, Outcome]:
+        """One attempt. A failure before the client saw a byte raises ``UpstreamError``
+        (the caller may retry); one after it ends the stream with an error event."""
+        assert self._client is not None
+        loop = asyncio.get_running_loop()
+        timeouts = self._timeouts
+        sent = False
+        tail = b"\n\n"
+        try:
+            async with asyncio.timeout(timeouts.first_byte) as deadline:
+                async with self._client.send(request) as response:
+                    status = response.status
+                    chunks = response.chunks
+                    if status >= 500:
+                        text = b"".join([c async for c in chunks])[:500]
+                        raise ReplicaOriginError(
+                            f"replica answered {status}: {text.decode('utf-8', 'replace')}",
+                            status,
+                        )
+                    outcome = Outcome.SUCCESS if status < 400 else Outcome.CLIENT_ERROR
+                    if not stream or status >= 400:
+                        whole = b"".join([c async for c in chunks])
+                        self.metrics.ttft.labels(model).observe(self._clock() - arrived)
+                        await send(
+                            {
+                                "type": "http.response.start",
+                                "status": status,
+                                "headers": response.headers,
+                            }
+                        )
+                        await send({"type": "http.response.body", "body": whole})
+                        return status, outcome
+                    first = await anext(chunks, b"")
+                    self.metrics.ttft.labels(model).observe(self._clock() - arrived)
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": status,
+                            "headers": response.headers,
+                        }
+                    )
+                    sent = True
+                    await send({"type": "http.response.body", "body": first, "more_body": True})
+                    tail = first[-2:]
+                    idle = timeouts.idle_stream
+                    deadline.reschedule(loop.time() + idle)
+                    async for chunk in chunks:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        tail = chunk[-2:]
+                        deadline.reschedule(loop.time() + idle)
+                    await send({"type": "http.response.body", "body": b""})
+                    return status, outcome
+        except TimeoutError:
+            if not sent:
+                raise LocalOriginError(
+                    "timed out waiting for the replica", Outcome.TIMEOUT
+                ) from None
+            await self._break_stream(send, tail, "the replica stopped streaming (idle timeout)")
+            return 502, Outcome.TIMEOUT
+        except LocalOriginError as failure:
+            if not sent:
+                raise
+            await self._break_stream(send, tail, f"the replica's stream broke: {failure}")
+            return 502, failure.outcome
+
+    @staticmethod
+    async def _break_stream(send: Send, tail: bytes, message: str) -> None:
+        lead = b"" if tail.endswith(b"\n\n") or not tail else b"\n\n"
+        await send({"type": "http.response.body", "body": lead + error_event(message)})
+
+
+_GETS: Final = frozenset({"/v1/models", "/health", "/ready", "/metrics"})
+
+
+def create_gateway(
+    config: FleetConfig,
+    replica_source: ReplicaSource,
+    registry: CollectorRegistry,
+    *,
+    client: ReplicaClient | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Gateway:
+    """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
+
+    Metrics go to ``registry``; ``client`` replaces the HTTP upstream client (tests).
+    """
+    return Gateway(config, replica_source, registry, client=client, clock=clock)
+
+
+async def _respond(send: Send, status: int, body: bytes, content_type: bytes = _JSON[1]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type)],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnectedError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise PayloadTooLargeError(f"request body over {MAX_BODY} bytes")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _watch_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnectedError
+
+
+def _parse(body: bytes, chat: bool) -> dict[str, Any]:
+    try:
+        payload = json.loads(body)
+    except ValueError as error:
+        raise BadRequestError(f"the body is not valid JSON: {error}") from None
+    if not isinstance(payload, dict):
+        raise BadRequestError("the body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequestError("`model` is required (a string)")
+    if chat:
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequestError("`messages` is required (a non-empty list)")
+    elif "prompt" not in payload:
+        raise BadRequestError("`prompt` is required")
+    return payload
+
+
+def _prompt_text(payload: dict[str, Any]) -> str:
+    """The prompt as text, for prefix hashing and a token estimate (no tokenizer here)."""
+    messages = payload.get("messages")
+    if messages is not None:
+        parts: list[str] = []
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            parts.append(str(message.get("role", "")))
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return "\n".join(parts)
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    return ""
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None

@@ -1,0 +1,91 @@
+"""The gateway's Prometheus metrics, in the registry it is given (served at ``/metrics``).
+
+Label children are cached per model and replica, so the hot path does dictionary lookups,
+not ``labels()`` calls.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0,
+)  # fmt: skip
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class GatewayMetrics:
+    """Every gateway metric (names in docs/gateway.md)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "gpufleet:gateway_"
+        self.requests = Counter(
+            p + "requests", "Requests answered, by model and HTTP status.",
+            ["model", "status"], registry=registry,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds",
+            "Request arrival to the first body byte from the replica, as the gateway sees it.",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            p + "e2e_request_latency_seconds", "Request arrival to its last byte sent.",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.overhead = Histogram(
+            p + "overhead_seconds",
+            "Gateway time before the first attempt is sent (parse, route).",
+            ["model"], buckets=_OVERHEAD_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.retries = Counter(
+            p + "retries", "Attempts after a failure before the first byte.",
+            ["model", "outcome"], registry=registry,
+        )  # fmt: skip
+        self.retries_refused = Counter(
+            p + "retry_budget_exhausted",
+            "Retries not made because the retry budget was used up.",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.attempts = Counter(
+            p + "upstream_attempts", "Attempts sent to replicas, by how they ended.",
+            ["replica", "outcome"], registry=registry,
+        )  # fmt: skip
+        self.in_flight = Gauge(
+            p + "in_flight_requests", "Attempts in flight per replica.",
+            ["replica"], registry=registry,
+        )  # fmt: skip
+        self.queue = Gauge(
+            p + "replica_waiting_requests", "Requests waiting in each replica (last scrape).",
+            ["replica"], registry=registry,
+        )  # fmt: skip
+        self.kv_usage = Gauge(
+            p + "replica_kv_cache_usage", "KV-cache usage of each replica (last scrape, 0-1).",
+            ["replica"], registry=registry,
+        )  # fmt: skip
+        self.replica_state = Gauge(
+            p + "replica_state", "1 for each replica's routing state.",
+            ["replica", "state"], registry=registry,
+        )  # fmt: skip
+        self.ejections = Counter(
+            p + "ejections", "Outlier ejections (enforced or dry-run, overflow refused).",
+            ["model", "cause", "enforced"], registry=registry,
+        )  # fmt: skip
+        self.routing = Counter(
+            p + "routing_decisions", "Routing decisions, by policy and whether in panic.",
+            ["model", "policy", "panic"], registry=registry,
+        )  # fmt: skip
+        self.prefix_match = Histogram(
+            p + "prefix_match_blocks",
+            "Prefix blocks of a request the chosen replica was believed to hold.",
+            ["model"], buckets=_BLOCK_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.no_spare = Gauge(
+            p + "pool_without_spare",
+            "1 when a pool has no spare replica for N+1 redundancy.",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.routable = Gauge(
+            p + "routable_replicas", "Replicas each pool routes to now.",
+            ["model"], registry=registry,
+        )  # fmt: skip

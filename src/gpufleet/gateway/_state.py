@@ -1,0 +1,172 @@
+"""The gateway's picture of the fleet: replicas, their scraped load, health, and routers.
+
+Synchronous and owned by the event loop's thread; the background loops and the request
+handlers call it, and it calls the pure policies::
+
+    source listener ──► set_replicas ─┐
+    scraper        ──► set_loads    ─┼─► runtime view ──► decisions' states ──► routing view
+    health loop    ──► decide       ─┘        (what the owner says)     (what routers read)
+
+The routing view is rebuilt when something changes, never per request. A replica the health
+policy has not yet decided on is ``STARTING`` (not routable), so a new or restarted replica
+takes traffic only after its first probe answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from random import Random
+
+from gpufleet.config import FleetConfig, ModelConfig
+from gpufleet.fleet import (
+    FleetEvent,
+    FleetView,
+    ReplicaId,
+    ReplicaLoad,
+    ReplicaState,
+    ReplicaView,
+)
+from gpufleet.gateway._metrics import GatewayMetrics
+from gpufleet.gateway._replicas import Upstream
+from gpufleet.policy import HealthDecision, HealthPolicy, Router, make_router, redundancy
+
+_STATES = tuple(ReplicaState)
+
+
+@dataclass(slots=True)
+class Pool:
+    """One model's router and health policy, and the last health decision."""
+
+    config: ModelConfig
+    router: Router
+    health: HealthPolicy
+    decision: HealthDecision | None = None
+
+
+class FleetState:
+    """Replicas by name, their loads, each pool's policies, and the routing view."""
+
+    def __init__(
+        self,
+        config: FleetConfig,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float],
+        wake: Callable[[], None],
+    ) -> None:
+        seed = config.gateway.seed
+        self.pools: dict[str, Pool] = {
+            m.name: Pool(
+                m,
+                make_router(m.routing, Random(seed * 1000 + 2 * i)),
+                HealthPolicy(m.health, Random(seed * 1000 + 2 * i + 1)),
+            )
+            for i, m in enumerate(config.models)
+        }
+        self.upstreams: dict[ReplicaId, Upstream] = {}
+        self.loads: dict[ReplicaId, ReplicaLoad] = {}
+        self._restarted: set[ReplicaId] = set()
+        self._metrics = metrics
+        self._clock = clock
+        self._wake = wake
+        self.view = FleetView.of(clock(), ())
+        for name in self.pools:
+            metrics.routable.labels(name).set(0)
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def set_replicas(self, replicas: Sequence[Upstream]) -> None:
+        """The owner's list of replicas (every one, every time)."""
+        known = self.upstreams
+        fresh = {r.name: r for r in replicas if r.model in self.pools}
+        for name, replica in fresh.items():
+            old = known.get(name)
+            if old is None or old.url != replica.url:
+                self._restarted.add(name)
+        for name in known.keys() - fresh.keys():
+            self.loads.pop(name, None)
+            self._restarted.discard(name)
+            for state in _STATES:
+                self._metrics.replica_state.remove(name, state.value)
+        self.upstreams = fresh
+        self.refresh()
+        self._wake()
+
+    def set_loads(self, loads: Mapping[ReplicaId, ReplicaLoad]) -> None:
+        """A scrape round's results."""
+        for name, load in loads.items():
+            if name in self.upstreams:
+                self.loads[name] = load
+                self._metrics.queue.labels(name).set(load.waiting)
+                self._metrics.kv_usage.labels(name).set(load.kv_cache_usage)
+        self.refresh()
+
+    def on_event(self, now: float, model: str, event: FleetEvent) -> None:
+        """A request outcome or probe answer for the pool's health policy."""
+        pool = self.pools.get(model)
+        if pool is not None and pool.health.on_event(now, event):
+            self._wake()
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def decide(self, now: float) -> tuple[list[ReplicaId], float | None]:
+        """Every pool's health decision at ``now``: the probes to send and the next wake."""
+        runtime = self._runtime_view(now, for_health=True)
+        self._restarted.clear()
+        probes: list[ReplicaId] = []
+        wake: list[float] = []
+        for name, pool in self.pools.items():
+            decision = pool.health.decide(now, FleetView(now, {name: runtime.pool(name)}))
+            pool.decision = decision
+            probes.extend(decision.probes)
+            if decision.next_at is not None:
+                wake.append(decision.next_at)
+            for record in decision.ejections:
+                self._metrics.ejections.labels(
+                    name, record.cause.value, "true" if record.enforced else "false"
+                ).inc()
+        self.refresh(now)
+        return probes, min(wake, default=None)
+
+    def refresh(self, now: float | None = None) -> None:
+        """Rebuild the routing view from the replicas, their loads and the decisions."""
+        now = self._clock() if now is None else now
+        runtime = self._runtime_view(now, for_health=False)
+        states: dict[ReplicaId, ReplicaState] = {}
+        for replica in runtime.replicas():
+            if replica.state is not ReplicaState.READY:
+                continue  # the owner's state wins when it is not READY
+            decision = self.pools[replica.model].decision
+            decided = None if decision is None else decision.states.get(replica.id)
+            states[replica.id] = decided if decided is not None else ReplicaState.STARTING
+        self.view = runtime.with_states(states, now)
+        self._export(self.view)
+
+    def _runtime_view(self, now: float, *, for_health: bool) -> FleetView:
+        replicas = []
+        for name, upstream in self.upstreams.items():
+            state = upstream.state if upstream.url is not None else ReplicaState.STARTING
+            if for_health and name in self._restarted and state is ReplicaState.READY:
+                state = ReplicaState.STARTING  # a new process: the checks start over
+            load = self.loads.get(name)
+            view = ReplicaView(name, upstream.model, state)
+            replicas.append(view if load is None else dataclasses.replace(view, load=load))
+        return FleetView.of(now, replicas)
+
+    def _export(self, view: FleetView) -> None:
+        gauge = self._metrics.replica_state
+        for replica in view.replicas():
+            for state in _STATES:
+                gauge.labels(replica.id, state.value).set(1 if replica.state is state else 0)
+        for name, pool in self.pools.items():
+            self._metrics.routable.labels(name).set(len(view.routable(name)))
+            needed = max(pool.config.replica_count - 1, 1)
+            spare = redundancy(view, name, required=needed).spare
+            self._metrics.no_spare.labels(name).set(0 if spare else 1)
+
+    # -- questions ------------------------------------------------------------------------
+
+    def ready(self) -> dict[str, int]:
+        """Routable replicas per model."""
+        return {name: len(self.view.routable(name)) for name in self.pools}

@@ -1,0 +1,159 @@
+"""The fleet file: defaults, the shipped files, and errors that name the field."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+
+import gpufleet.config as package
+from gpufleet.config import (
+    DEFAULT_FLEET,
+    EngineKind,
+    FleetFileError,
+    load_fleet,
+    parse_fleet,
+)
+from gpufleet.policy import KVAwareConfig, PrefixAwareConfig, RoundRobinConfig
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def test_all_matches_public_names() -> None:
+    public = {
+        attr
+        for attr, value in vars(package).items()
+        if not attr.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and attr != "annotations"
+    }
+    assert set(package.__all__) == public
+    assert list(package.__all__) == sorted(package.__all__, key=lambda n: (not n.isupper(), n))
+
+
+def test_default_fleet_is_a_small_local_sim_fleet() -> None:
+    fleet = load_fleet()
+    assert load_fleet(DEFAULT_FLEET) == fleet
+    assert (fleet.gateway.host, fleet.gateway.port) == ("127.0.0.1", 8000)
+    (model,) = fleet.models
+    assert (model.name, model.engine, model.gpu, model.replica_count) == (
+        "llama-3.1-8b",
+        EngineKind.SIM,
+        "h100-sxm",
+        2,
+    )
+    assert isinstance(model.routing, PrefixAwareConfig)
+
+
+def test_example_local_sim_loads() -> None:
+    fleet = load_fleet(EXAMPLES / "local-sim.yaml")
+    assert [m.name for m in fleet.models] == ["llama-3.1-8b", "qwen2.5-7b"]
+    assert fleet.models[0].replica_count == 3
+    assert isinstance(fleet.models[1].routing, KVAwareConfig)
+
+
+def test_minimal_file_takes_every_default() -> None:
+    fleet = parse_fleet({"models": [{"name": "llama-3.1-8b"}]})
+    model = fleet.models[0]
+    assert model.served_model == "llama-3.1-8b"
+    assert model.replica_count == 2
+    assert fleet.gateway.timeouts.connect > 0
+    assert fleet.gateway.scrape_interval == 0.2
+
+
+def test_routing_by_name_or_mapping() -> None:
+    fleet = parse_fleet(
+        {
+            "models": [
+                {"name": "a", "model": "llama-3.1-8b", "routing": "round_robin"},
+                {"name": "b", "model": "llama-3.1-8b", "routing": {"policy": "kv_aware"}},
+            ]
+        }
+    )
+    assert isinstance(fleet.models[0].routing, RoundRobinConfig)
+    assert isinstance(fleet.models[1].routing, KVAwareConfig)
+
+
+def test_external_models_count_their_endpoints() -> None:
+    fleet = parse_fleet(
+        {
+            "models": [
+                {
+                    "name": "remote",
+                    "engine": "external",
+                    "endpoints": ["http://10.0.0.1:8000", "http://10.0.0.2:8000"],
+                }
+            ]
+        }
+    )
+    assert fleet.models[0].replica_count == 2
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"models": [{"name": "llama-3.1-8b", "gpu": "h999"}]}, "models[0]: "),
+        ({"models": [{"name": "nope-7b"}]}, "models[0]: "),
+        (
+            {"models": [{"name": "llama-3.1-8b", "routing": {"policy": "prefix_aware", "x": 1}}]},
+            "models[0].routing.x: Extra inputs are not permitted",
+        ),
+        (
+            {"models": [{"name": "llama-3.1-8b", "routing": {"balance_rel": 0.5}}]},
+            "models[0].routing",
+        ),
+        (
+            {"models": [{"name": "llama-3.1-8b", "routing": "random"}]},
+            "models[0].routing",
+        ),
+        (
+            {"models": [{"name": "llama-3.1-8b", "replicas": -1}]},
+            "models[0].replicas: Input should be greater than or equal to 0",
+        ),
+        (
+            {"models": [{"name": "llama-3.1-8b", "health": {"outlier": {"consecutive_5xx": 0}}}]},
+            "models[0].health.outlier.consecutive_5xx: ",
+        ),
+        (
+            {"models": [{"name": "llama-3.1-8b"}], "gateway": {"port": 70000}},
+            "gateway.port: ",
+        ),
+        (
+            {"models": [{"name": "llama-3.1-8b"}], "gateway": {"timeouts": {"connect": 0}}},
+            "gateway.timeouts.connect: ",
+        ),
+        ({"models": []}, "models: "),
+        ({"gateway": {}}, "models: Field required"),
+        ({"models": [{"name": "Llama 8B", "model": "llama-3.1-8b"}]}, "lower-case"),
+        ({"models": [{"name": "llama-3.1-8b"}, {"name": "llama-3.1-8b"}]}, "given twice"),
+        ({"models": [{"name": "x", "engine": "external"}]}, "needs at least one"),
+        ({"models": [{"name": "llama-3.1-8b", "endpoints": ["http://a"]}]}, "for external"),
+        ("just text", "expected a mapping"),
+    ],
+)
+def test_errors_name_the_field(data: object, message: str) -> None:
+    with pytest.raises(FleetFileError) as caught:
+        parse_fleet(data, source="fleet.yaml")
+    text = str(caught.value)
+    assert text.startswith("fleet.yaml: ")
+    assert message in text
+    assert "\n" not in text
+
+
+def test_unknown_gpu_message_is_the_catalogs() -> None:
+    with pytest.raises(FleetFileError, match=r"models\[0\]: .*h999"):
+        parse_fleet({"models": [{"name": "llama-3.1-8b", "gpu": "h999"}]})
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(FleetFileError, match=r"missing\.yaml: No such file"):
+        load_fleet(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [\n")
+    with pytest.raises(FleetFileError, match="not valid YAML"):
+        load_fleet(bad)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(FleetFileError, match="got nothing"):
+        load_fleet(empty)
