@@ -11,13 +11,18 @@ median of ``--repeats`` runs; these machines are noisy):
   half of them behind one of four shared 512-token system prompts, output lengths drawn by the
   model; so steps mix chunked prefills, prefix-cache hits and decodes;
 * ``outputs-only`` (the baseline, same run): building the 256 ``RequestOutput`` objects a
-  decode step returns and nothing else. The model's own share of a step is the rest.
+  decode step returns and nothing else. The model's own share of a step is the rest;
+* ``decode-256-fast``: the ``decode-256`` state fast-forwarded with ``run_decodes`` (the
+  simulator's path for pure-decode runs: no plans, no outputs) over the same number of
+  steps, timed per step. What is left is the step time and the KV blocks that 256 requests
+  fill (one block per request every ``block_size`` steps, hashed for the prefix cache).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import random
 import statistics
@@ -79,7 +84,8 @@ def _timed(model: ReplicaModel, steps: int, now: float, refill: _Refill | None) 
     return {"plan": plan_s, "finish": finish_s, "modelled": modelled, "tokens": tokens}
 
 
-def decode_run(args: argparse.Namespace, repeat: int) -> tuple[dict[str, float], ReplicaModel]:
+def _decoding(args: argparse.Namespace, repeat: int) -> tuple[ReplicaModel, float]:
+    """A replica with 256 requests, all past their prefill; and the time."""
     model = ReplicaModel(_config(args))
     for i in range(BATCH):
         prompt = tuple(range(1000 + 300 * i, 1200 + 300 * i))
@@ -91,7 +97,11 @@ def decode_run(args: argparse.Namespace, repeat: int) -> tuple[dict[str, float],
         now += plan.duration
         model.finish_step(plan, now)
         if plan.batch.decode_seqs == BATCH:
-            break
+            return model, now
+
+
+def decode_run(args: argparse.Namespace, repeat: int) -> tuple[dict[str, float], ReplicaModel]:
+    model, now = _decoding(args, repeat)
     return _timed(model, args.steps, now, None), model
 
 
@@ -146,7 +156,38 @@ def outputs_only_run(args: argparse.Namespace, repeat: int) -> tuple[dict[str, f
     return {"plan": 0.0, "finish": t1 - t0, "modelled": 0.0, "tokens": 0}, None
 
 
-WORKLOADS = {"decode-256": decode_run, "mixed": mixed_run, "outputs-only": outputs_only_run}
+def decode_fast_run(args: argparse.Namespace, repeat: int) -> tuple[dict[str, float], ReplicaModel]:
+    model, now = _decoding(args, repeat)
+    # Stop after args.steps steps: a horizon just past the end of the last one.
+    twin, _ = _decoding(args, repeat)
+    run = twin.run_decodes(now, math.inf)
+    assert run is not None
+    assert run.num_steps >= args.steps
+    end = now
+    for duration in run.durations[: args.steps]:
+        end += duration
+    until = math.nextafter(end, math.inf)
+    clock = time.perf_counter
+    t0 = clock()
+    fast = model.run_decodes(now, until)
+    t1 = clock()
+    assert fast is not None
+    assert fast.num_steps == args.steps
+    modelled = end - now
+    return {
+        "plan": t1 - t0,
+        "finish": 0.0,
+        "modelled": modelled,
+        "tokens": BATCH * args.steps,
+    }, model
+
+
+WORKLOADS = {
+    "decode-256": decode_run,
+    "mixed": mixed_run,
+    "outputs-only": outputs_only_run,
+    "decode-256-fast": decode_fast_run,
+}
 
 
 def measure(name: str, args: argparse.Namespace) -> Result:

@@ -6,22 +6,22 @@ The full Azure LLM 2023 conversation trace (19,366 requests over one hour) on 8 
 Llama-3.1-8B on H100-SXM, routed round robin, on one core. The bar: under 60 s of wall time.
 Three parts, in this order (peak RSS is a process-wide maximum, so the speed run comes first):
 
-* ``speed``: wall time, simulated seconds per wall second, kernel events and replica steps
-  per second, peak RSS, and the run's latencies and digest;
-* ``coalescing``: the same run again, instrumented, counting the steps a pure-decode
-  fast-forward could take in bulk (no prefill, nothing waiting, no first or last token, no
-  arrival before the step ends); it checks that such steps' durations follow from the
-  previous step's batch, and estimates the wall time with the fast-forward;
+* ``speed``: the replicas fast-forward their runs of pure-decode steps (the default): wall
+  time, simulated seconds per wall second, kernel events and replica steps per second (fast
+  ones included, and how many were fast), peak RSS, the run's latencies and digest;
+* ``baseline``: the same run again, one kernel event per step (``fast_forward=False``), in
+  the same process; the ratio of the wall times, and whether the digests are equal (they
+  must be: the fast-forward changes no result);
 * ``memory``: a synthetic million-request trace: bytes per ``TraceRequest`` held in a list,
   and the peak while streaming it (tracemalloc).
 
-The trace is read from ``../shared/traces`` (beside the clone) or ``--trace``.
+``--no-fast-forward`` measures only the event-by-event run, ``--no-baseline`` only the fast
+one. The trace is read from ``../shared/traces`` (beside the clone) or ``--trace``.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import cProfile
 import json
 import os
@@ -34,15 +34,13 @@ import time
 import tracemalloc
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpufleet.catalog import get_gpu, get_model
-from gpufleet.engine.model import NewRequest, ReplicaConfig, ReplicaModel, RequestOutput, StepPlan
-from gpufleet.perf import BatchShape
+from gpufleet.engine.model import ReplicaConfig, ReplicaModel
 from gpufleet.sim import FleetHarness, LogHistogram, PromptBuilder, TraceRequest, load_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,6 +53,7 @@ SLICE_S = 20.0
 
 @dataclass
 class Speed:
+    fast_forward: bool
     requests: int
     replicas: int
     wall_s: float
@@ -65,6 +64,10 @@ class Speed:
     steps: int
     steps_per_s: float
     us_per_step: float
+    fast_steps: int
+    """Steps applied by a fast-forward (no kernel event, plan or outputs)."""
+    fast_runs: int
+    """Fast-forwards: runs of pure-decode steps applied at once."""
     peak_rss_mib: float
     mean_busy: float
     """Mean fraction of simulated time the replicas spent in steps."""
@@ -76,23 +79,6 @@ class Speed:
     itl_p50_s: float
     itl_p99_s: float
     digest: str
-
-
-@dataclass
-class Coalescing:
-    steps: int
-    regular_steps: int
-    """Steps that must stay plan_step + finish_step calls."""
-    coalescible_steps: int
-    runs: int
-    """Maximal sequences of coalescible steps on one replica (one fast-forward call each)."""
-    mean_run_steps: float
-    duration_mismatches: int
-    """Coalescible steps whose duration differs from step_time(seqs, previous context + seqs)."""
-    us_per_fast_step: float
-    """Measured: one step's duration and bookkeeping inside a fast-forward."""
-    estimated_wall_s: float
-    """regular_steps × measured µs/step + coalescible × µs/fast step + runs × µs/step."""
 
 
 @dataclass
@@ -113,12 +99,14 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[int(q * (len(ordered) - 1))]
 
 
-def run_speed(args: argparse.Namespace, console: Console) -> Speed:
+def run_speed(args: argparse.Namespace, console: Console, *, fast_forward: bool) -> Speed:
     last = 0.0
     for request in load_trace(args.trace, duration=args.duration):
         last = request.arrival_s
     model = get_model(args.model)
-    harness = FleetHarness(_replicas(args), PromptBuilder(model.vocab_size))
+    harness = FleetHarness(
+        _replicas(args), PromptBuilder(model.vocab_size), fast_forward=fast_forward
+    )
     reader = load_trace(args.trace, duration=args.duration)
     harness.start(reader)
     kernel = harness.kernel
@@ -129,9 +117,10 @@ def run_speed(args: argparse.Namespace, console: Console) -> Speed:
         TextColumn("{task.fields[requests]:,} requests done"),
         TimeElapsedColumn(),
     )
+    name = "fast-forward" if fast_forward else "event by event"
     start = time.perf_counter()
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("simulating", total=last, requests=0)
+        task = progress.add_task(name, total=last, requests=0)
         until = 0.0
         while kernel.peek() < last:
             until = min(until + SLICE_S, last)
@@ -146,8 +135,10 @@ def run_speed(args: argparse.Namespace, console: Console) -> Speed:
     ttft = [r.ttft_s for r in records if r.ttft_s is not None]
     e2e = [r.e2e_s for r in records]
     itl: LogHistogram = harness.recorder.itl
-    steps = sum(d.steps for d in harness.drivers)
+    drivers = harness.drivers
+    steps = sum(d.steps for d in drivers)
     return Speed(
+        fast_forward=fast_forward,
         requests=reader.requests,
         replicas=args.replicas,
         wall_s=wall,
@@ -158,8 +149,10 @@ def run_speed(args: argparse.Namespace, console: Console) -> Speed:
         steps=steps,
         steps_per_s=steps / wall,
         us_per_step=wall / steps * 1e6,
+        fast_steps=sum(d.fast_steps for d in drivers),
+        fast_runs=sum(d.fast_runs for d in drivers),
         peak_rss_mib=rss_mib,
-        mean_busy=sum(d.busy_s for d in harness.drivers) / len(harness.drivers) / kernel.now,
+        mean_busy=sum(d.busy_s for d in drivers) / len(drivers) / kernel.now,
         ttft_p50_s=_quantile(ttft, 0.5),
         ttft_p99_s=_quantile(ttft, 0.99),
         e2e_p50_s=_quantile(e2e, 0.5),
@@ -168,101 +161,6 @@ def run_speed(args: argparse.Namespace, console: Console) -> Speed:
         itl_p50_s=itl.quantile(0.5) or 0.0,
         itl_p99_s=itl.quantile(0.99) or 0.0,
         digest=harness.recorder.digest(),
-    )
-
-
-class _Watched:
-    """A ReplicaModel seen through its public API: classifies every step it finishes."""
-
-    def __init__(self, model: ReplicaModel, arrivals: list[float], tally: dict[str, int]) -> None:
-        self.model = model
-        self.arrivals = arrivals
-        self.tally = tally
-        self.started: dict[int, float] = {}
-        self.previous: BatchShape | None = None
-        """The batch of the previous step, when it was coalescible (a run is going on)."""
-
-    def add_request(self, request: NewRequest, now: float) -> None:
-        self.model.add_request(request, now)
-
-    def plan_step(self, now: float) -> StepPlan | None:
-        plan = self.model.plan_step(now)
-        if plan is not None:
-            self.started[plan.step] = now
-        return plan
-
-    def finish_step(self, plan: StepPlan, now: float) -> list[RequestOutput]:
-        start = self.started.pop(plan.step)
-        waiting = self.model.stats().num_waiting
-        outputs = self.model.finish_step(plan, now)
-        batch = plan.batch
-        arrival = bisect.bisect_right(self.arrivals, start)
-        arrived = arrival < len(self.arrivals) and self.arrivals[arrival] <= now
-        plain = (
-            batch.prefill_tokens == 0
-            and not waiting
-            and not arrived
-            and not any(o.first_token or o.finish_reason is not None for o in outputs)
-        )
-        tally = self.tally
-        tally["steps"] += 1
-        if not plain:
-            tally["regular"] += 1
-            self.previous = None
-            return outputs
-        tally["coalescible"] += 1
-        previous = self.previous
-        if previous is None or previous.decode_seqs != batch.decode_seqs:
-            tally["runs"] += 1
-        else:  # inside a run the next batch follows from the previous one
-            predicted = BatchShape(
-                decode_seqs=batch.decode_seqs,
-                decode_context=previous.decode_context + batch.decode_seqs,
-            )
-            seconds = self.model.step_time_model.step_time(predicted).seconds
-            if predicted != batch or seconds * self.model.slowdown != plan.duration:
-                tally["mismatches"] += 1
-        self.previous = batch
-        return outputs
-
-
-def _fast_step_us(args: argparse.Namespace, seqs: int = 2, steps: int = 200_000) -> float:
-    """µs for one step inside a fast-forward: its duration, the clock, one histogram add."""
-    model = ReplicaModel(ReplicaConfig(get_model(args.model), get_gpu(args.gpu)))
-    step_time = model.step_time_model.step_time
-    itl = LogHistogram()
-    context, now = 2_000, 0.0
-    start = time.perf_counter()
-    for _ in range(steps):
-        batch = BatchShape(decode_seqs=seqs, decode_context=context)
-        end = now + step_time(batch).seconds
-        itl.add(end - now, seqs)
-        now = end
-        context += seqs
-    return (time.perf_counter() - start) / steps * 1e6
-
-
-def run_coalescing(args: argparse.Namespace, speed: Speed) -> Coalescing:
-    arrivals = [r.arrival_s for r in load_trace(args.trace, duration=args.duration)]
-    tally = dict.fromkeys(("steps", "regular", "coalescible", "runs", "mismatches"), 0)
-    watched: list[Any] = [_Watched(m, arrivals, tally) for m in _replicas(args)]
-    harness = FleetHarness(watched, PromptBuilder(get_model(args.model).vocab_size))
-    harness.start(load_trace(args.trace, duration=args.duration))
-    harness.run()
-    fast_us = _fast_step_us(args)
-    runs = tally["runs"]
-    return Coalescing(
-        steps=tally["steps"],
-        regular_steps=tally["regular"],
-        coalescible_steps=tally["coalescible"],
-        runs=runs,
-        mean_run_steps=tally["coalescible"] / runs if runs else 0.0,
-        duration_mismatches=tally["mismatches"],
-        us_per_fast_step=fast_us,
-        estimated_wall_s=(
-            (tally["regular"] + runs) * speed.us_per_step + tally["coalescible"] * fast_us
-        )
-        / 1e6,
     )
 
 
@@ -301,13 +199,34 @@ def run_memory(requests: int) -> Memory:
 
 def profile(args: argparse.Namespace, console: Console) -> None:
     model = get_model(args.model)
-    harness = FleetHarness(_replicas(args), PromptBuilder(model.vocab_size))
+    harness = FleetHarness(
+        _replicas(args), PromptBuilder(model.vocab_size), fast_forward=not args.no_fast_forward
+    )
     harness.start(load_trace(args.trace, duration=args.profile))
     profiler = cProfile.Profile()
     profiler.runcall(harness.run)
     stats = pstats.Stats(profiler, stream=sys.stdout)
     console.print(f"[bold]cProfile, first {args.profile:.0f} simulated seconds, by own time")
     stats.sort_stats("tottime").print_stats(15)
+
+
+def _speed_rows(speed: Speed) -> list[tuple[str, str]]:
+    rows = [
+        ("wall time", f"{speed.wall_s:,.1f} s  (bar < {BAR_WALL_S:.0f} s)"),
+        ("sim s / wall s", f"{speed.sim_s_per_wall_s:,.1f}"),
+        ("events / s", f"{speed.events_per_s:,.0f}  ({speed.events:,})"),
+        ("steps / s", f"{speed.steps_per_s:,.0f}  ({speed.steps:,}, {speed.us_per_step:.1f} µs)"),
+    ]
+    if speed.fast_forward:
+        mean_run = speed.fast_steps / speed.fast_runs if speed.fast_runs else 0.0
+        rows.append(
+            (
+                "fast-forwarded steps",
+                f"{speed.fast_steps / speed.steps:.0%} in {speed.fast_runs:,} runs "
+                f"of {mean_run:.1f}",
+            )
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", default="h100-sxm")
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--duration", type=float, default=None, help="simulate a prefix (s)")
-    parser.add_argument("--no-coalescing", action="store_true", help="skip the second run")
+    parser.add_argument(
+        "--no-fast-forward", action="store_true", help="only the event-by-event run"
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="only the fast-forward run")
     parser.add_argument("--memory-requests", type=int, default=1_000_000)
     parser.add_argument("--profile", type=float, default=None, metavar="S", help="cProfile S s")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -328,39 +250,46 @@ def main(argv: list[str] | None = None) -> int:
     if not args.trace.exists():
         console.print(f"[red]{args.trace} is not here; pass --trace")
         return 2
+    if args.no_fast_forward and args.no_baseline:
+        console.print("[red]--no-fast-forward and --no-baseline leave nothing to measure")
+        return 2
     if args.profile:
         profile(args, console)
         return 0
 
-    speed = run_speed(args, console)
-    coalescing = None if args.no_coalescing else run_coalescing(args, speed)
+    speed = None if args.no_fast_forward else run_speed(args, console, fast_forward=True)
+    baseline = None if args.no_baseline else run_speed(args, console, fast_forward=False)
     memory = run_memory(args.memory_requests) if args.memory_requests else None
+    headline = speed or baseline
+    assert headline is not None
 
     table = Table(title=f"fleet simulator: {args.trace.name}, {args.replicas} × {args.model}")
     table.add_column("measure")
     table.add_column("value", justify="right")
     rows = [
-        ("requests", f"{speed.requests:,}"),
-        ("wall time", f"{speed.wall_s:,.1f} s  (bar < {BAR_WALL_S:.0f} s)"),
-        ("simulated", f"{speed.sim_s:,.0f} s"),
-        ("sim s / wall s", f"{speed.sim_s_per_wall_s:,.1f}"),
-        ("events / s", f"{speed.events_per_s:,.0f}  ({speed.events:,})"),
-        ("steps / s", f"{speed.steps_per_s:,.0f}  ({speed.steps:,}, {speed.us_per_step:.1f} µs)"),
-        ("peak RSS", f"{speed.peak_rss_mib:,.0f} MiB"),
-        ("replica busy", f"{speed.mean_busy:.0%}"),
-        ("TTFT p50 / p99", f"{speed.ttft_p50_s * 1e3:.1f} / {speed.ttft_p99_s * 1e3:.1f} ms"),
-        ("E2E p50 / p99", f"{speed.e2e_p50_s:.2f} / {speed.e2e_p99_s:.2f} s"),
-        ("ITL p50 / p99", f"{speed.itl_p50_s * 1e3:.2f} / {speed.itl_p99_s * 1e3:.2f} ms"),
+        ("requests", f"{headline.requests:,}"),
+        ("simulated", f"{headline.sim_s:,.0f} s"),
     ]
-    if coalescing is not None:
-        share = coalescing.coalescible_steps / coalescing.steps
+    for run in (speed, baseline):
+        if run is not None:
+            label = "fast-forward" if run.fast_forward else "event by event"
+            rows += [(f"{label}: {name}", value) for name, value in _speed_rows(run)]
+    ratio = digests_equal = None
+    if speed is not None and baseline is not None:
+        ratio = baseline.wall_s / speed.wall_s
+        digests_equal = speed.digest == baseline.digest
         rows += [
-            ("coalescible steps", f"{share:.0%} in {coalescing.runs:,} runs"),
-            ("mean run", f"{coalescing.mean_run_steps:.1f} steps"),
-            ("duration mismatches", f"{coalescing.duration_mismatches:,}"),
-            ("µs per fast step", f"{coalescing.us_per_fast_step:.2f}"),
-            ("est. wall, fast-forward", f"{coalescing.estimated_wall_s:,.1f} s"),
+            ("speed-up (same process)", f"{ratio:.2f}×"),
+            ("digests equal", "yes" if digests_equal else "[red]NO"),
         ]
+    rows += [
+        ("peak RSS", f"{headline.peak_rss_mib:,.0f} MiB"),
+        ("replica busy", f"{headline.mean_busy:.0%}"),
+        ("TTFT p50 / p99", f"{headline.ttft_p50_s * 1e3:.1f} / {headline.ttft_p99_s * 1e3:.1f} ms"),
+        ("E2E p50 / p99", f"{headline.e2e_p50_s:.2f} / {headline.e2e_p99_s:.2f} s"),
+        ("ITL p50 / p99", f"{headline.itl_p50_s * 1e3:.2f} / {headline.itl_p99_s * 1e3:.2f} ms"),
+        ("digest", headline.digest[:16]),
+    ]
     if memory is not None:
         rows += [
             ("TraceRequest in a list", f"{memory.bytes_per_request_in_a_list:.0f} B/request"),
@@ -382,14 +311,16 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "bar_wall_s": BAR_WALL_S,
-        "speed": asdict(speed),
-        "coalescing": asdict(coalescing) if coalescing else None,
+        "speed": asdict(speed) if speed else None,
+        "baseline": asdict(baseline) if baseline else None,
+        "speedup": ratio,
+        "digests_equal": digests_equal,
         "memory": asdict(memory) if memory else None,
     }
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     shown = args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out
     console.print(f"wrote {shown}")
-    return 0
+    return 0 if digests_equal is not False else 1
 
 
 if __name__ == "__main__":

@@ -110,15 +110,18 @@ def tricky_trace() -> list[TraceRequest]:
     return trace
 
 
+@pytest.mark.parametrize("fast_forward", [True, False], ids=["fast-forward", "event-by-event"])
 @pytest.mark.parametrize(
     "overrides",
     [{}, {"num_gpu_blocks_override": 48}, {"max_num_batched_tokens": 256, "max_num_seqs": 4}],
     ids=["roomy", "preempting", "chunked"],
 )
-def test_driver_matches_the_model_driven_by_hand(overrides: dict[str, Any]) -> None:
+def test_driver_matches_the_model_driven_by_hand(
+    overrides: dict[str, Any], fast_forward: bool
+) -> None:
     trace = tricky_trace()
     prompts = PromptBuilder(MODEL.vocab_size)
-    harness = FleetHarness([replica(**overrides)], prompts)
+    harness = FleetHarness([replica(**overrides)], prompts, fast_forward=fast_forward)
     harness.start(trace)
     harness.run(until=trace[2].arrival_s)
     if "max_num_batched_tokens" not in overrides:  # the first step is the one step_end timed
@@ -146,6 +149,7 @@ def test_driver_matches_the_model_driven_by_hand(overrides: dict[str, Any]) -> N
         assert harness.drivers[0].model.stats().num_preemptions > 0
     driver = harness.drivers[0]
     assert driver.steps == hand.steps
+    assert (driver.fast_steps > 0) is fast_forward
     assert driver.busy_s == pytest.approx(max(hand.finish.values()) - idle_time(trace, hand))
     assert driver.num_requests == 0
 

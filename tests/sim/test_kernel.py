@@ -164,3 +164,93 @@ def test_clock_reads_virtual_time() -> None:
     kernel.step()
     assert clock.now() == 4.25
     assert clock.time_scale == math.inf
+
+
+# -- local and shared events ------------------------------------------------------------------
+
+
+@dataclass
+class Watcher:
+    """Records the kernel's ``next_shared()`` on every delivery, and may schedule children."""
+
+    kernel: Kernel
+    seen: list[tuple[float, int, float]] = field(default_factory=list)
+
+    def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
+        assert isinstance(event, Tagged)
+        self.seen.append((now, event.name, self.kernel.next_shared()))
+        return [
+            ScheduledEvent(now + delay, priority, Tagged(self, name, True), local=True)
+            for delay, priority, name in event.children
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Tagged:
+    target: Watcher
+    name: int
+    local: bool
+    children: tuple[tuple[float, int, int], ...] = ()
+
+
+@given(st.lists(st.tuples(times, priorities, st.booleans(), children), min_size=1, max_size=20))
+def test_local_events_keep_the_order_and_next_shared_is_the_first_shared_event(
+    schedule: list[tuple[float, int, bool, list[tuple[float, int, int]]]],
+) -> None:
+    """Marking events local changes no delivery; ``next_shared`` is the earliest pending
+    shared event (local events only schedule local ones)."""
+    kernel = Kernel()
+    watcher = Watcher(kernel)
+    pending: list[tuple[float, int, int, int, bool, tuple[tuple[float, int, int], ...]]] = []
+    for name, (time, priority, local, kids) in enumerate(schedule):
+        kernel.schedule(time, priority, Tagged(watcher, name, local, tuple(kids)), local=local)
+        pending.append((time, priority, len(pending), name, local, tuple(kids)))
+    kernel.run()
+    expected: list[tuple[float, int, float]] = []
+    seq = len(pending)
+    while pending:
+        entry = min(pending)
+        pending.remove(entry)
+        now, _, _, name, _, grandchildren = entry
+        shared = [e[0] for e in pending if not e[4]]
+        expected.append((now, name, min(shared, default=math.inf)))
+        for delay, priority, child in grandchildren:
+            pending.append((now + delay, priority, seq, child, True, ()))
+            seq += 1
+    assert watcher.seen == expected
+
+
+def test_run_until_bounds_next_shared() -> None:
+    kernel = Kernel()
+    watcher = Watcher(kernel)
+    kernel.schedule(1.0, NORMAL, Tagged(watcher, 0, True), local=True)
+    kernel.schedule(9.0, URGENT, Tagged(watcher, 1, False))
+    kernel.run(until=4.0)
+    assert watcher.seen == [(1.0, 0, 4.0)]
+    assert kernel.next_shared() == 9.0  # outside a run: the shared event itself
+    kernel.run()
+    assert watcher.seen[-1] == (9.0, 1, math.inf)
+
+
+def test_a_local_event_may_not_schedule_a_shared_one() -> None:
+    kernel = Kernel()
+    recorder = Recorder()
+    kernel.schedule(1.0, NORMAL, Note(recorder, 0, ((1.0, NORMAL, 1),)), local=True)
+    with pytest.raises(ValueError, match=r"a local event \(Note\) scheduled a shared one"):
+        kernel.run()
+
+
+def test_no_shared_event_before_a_promised_time() -> None:
+    """A part may have run ahead to what ``next_shared`` said; the past of a part is closed."""
+    kernel = Kernel()
+    recorder = Recorder()
+    kernel.schedule(5.0, URGENT, Note(recorder, 0))
+    assert kernel.next_shared() == 5.0
+    kernel.schedule(2.0, NORMAL, Note(recorder, 1), local=True)  # a part's own event: fine
+    with pytest.raises(ValueError, match=r"parts may have run ahead to 5\.0"):
+        kernel.schedule(3.0, URGENT, Note(recorder, 2))
+    kernel.schedule(5.0, NORMAL, Note(recorder, 3))
+    kernel.run()
+    assert [name for _, name, _ in recorder.seen] == [1, 0, 3]
+    kernel.schedule(kernel.now, URGENT, Note(recorder, 4))  # nothing left: no part is ahead
+    assert len(kernel) == 1

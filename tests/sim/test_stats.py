@@ -60,3 +60,29 @@ def test_empty_and_bad_input() -> None:
         histogram.quantile(1.5)
     with pytest.raises(ValueError, match="relative_accuracy"):
         LogHistogram(0.0)
+
+
+def _state(histogram: LogHistogram) -> tuple[object, ...]:
+    buckets = list(histogram.buckets())
+    return buckets, histogram.count, histogram.total.hex(), histogram.min, histogram.max
+
+
+@given(st.lists(values, max_size=50), st.lists(values, max_size=50), st.integers(1, 300))
+def test_add_each_is_add_one_by_one_to_the_bit(
+    before: list[float], sample: list[float], count: int
+) -> None:
+    one_by_one, at_once = LogHistogram(), LogHistogram()
+    for value in before:
+        one_by_one.add(value)
+        at_once.add(value)
+    for value in sample:
+        one_by_one.add(value, count)
+    at_once.add_each(sample, count)
+    assert _state(at_once) == _state(one_by_one)
+
+
+def test_add_each_refuses_a_value_that_is_not_positive_and_keeps_the_ones_before() -> None:
+    histogram = LogHistogram()
+    with pytest.raises(ValueError, match="values > 0"):
+        histogram.add_each([0.5, 0.0, 2.0])
+    assert (histogram.count, histogram.total, histogram.min, histogram.max) == (1, 0.5, 0.5, 0.5)

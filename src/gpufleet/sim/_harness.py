@@ -13,6 +13,11 @@ arrival when the previous one is delivered, so the trace is never in memory::
 
 ``choose`` is the seam where the policy routers plug in next: any callable
 ``choose(now, request, replicas) -> index``. Round robin is the default.
+
+Arrivals are the kernel's shared events (a router may read every replica); the replicas'
+steps are local to them. So between two arrivals each replica may fast-forward its runs of
+pure-decode steps (``fast_forward=True``, the default); ``fast_forward=False`` steps one
+kernel event at a time, with byte-identical results (``Recorder.digest()``).
 """
 
 from __future__ import annotations
@@ -70,12 +75,16 @@ class FleetHarness:
         choose: Chooser | None = None,
         kernel: Kernel | None = None,
         recorder: Recorder | None = None,
+        fast_forward: bool = True,
     ) -> None:
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
         self.kernel = kernel if kernel is not None else Kernel()
         self.recorder = recorder if recorder is not None else Recorder()
-        self.drivers = [ReplicaDriver(i, m, self.recorder) for i, m in enumerate(replicas)]
+        horizon = self.kernel.next_shared if fast_forward else None
+        self.drivers = [
+            ReplicaDriver(i, m, self.recorder, horizon=horizon) for i, m in enumerate(replicas)
+        ]
         self.prompts = prompts
         self.choose: Chooser = choose if choose is not None else RoundRobin()
         self._trace: Iterator[tuple[int, TraceRequest]] = iter(())

@@ -14,6 +14,23 @@ the events it wants to happen next. The kernel owns virtual time and nothing els
                   │      └────────── lower runs first at equal times (arrivals before steps)
                   └───────────────── virtual seconds; never earlier than ``now``
 
+An event is *shared* (the default) or *local*. A local event is one that only its target
+reads or changes anything by (a replica's own step events); a shared one may read or change
+any part (an arrival, which a router answers by reading every replica). The two kinds are
+kept in two heaps and popped in the same one total order, so marking an event local changes
+nothing about when it runs. It tells a part how far it may run ahead on its own:
+``next_shared()`` is the time of the earliest pending shared event (or the end of the
+current ``run(until)``), and until then nothing outside a part looks at it::
+
+    local  heap   (0.004, 1, 9, StepEnd r2)  (0.011, 1, 12, StepEnd r0) ...
+    shared heap   (0.180, 0, 17, Arrival #3)          next_shared() = 0.180
+                   step() pops the smaller of the two heads
+
+Two rules keep that promise true: a local event's handler schedules only local events, and
+``schedule`` refuses a shared event earlier than a time ``next_shared()`` has returned (a part
+may already be past it). A part that runs ahead leaves itself an event at or after the time
+it reached, so when nothing is left to run, no part is ahead of ``now``.
+
 Events are values addressed to a part (``event.target``); the kernel never looks inside
 them. Nothing here reads a wall clock: a real-time variant would override only ``step()``
 to wait for the wall clock to reach the next event's time (SimPy's ``rt.py`` shape).
@@ -55,6 +72,8 @@ class ScheduledEvent:
     time: float
     priority: int
     event: Event
+    local: bool = False
+    """Only ``event.target`` reads or changes anything by it (see ``Kernel.next_shared``)."""
 
 
 class KernelClock:
@@ -81,14 +100,19 @@ class KernelClock:
 class Kernel:
     """Discrete-event loop over a heap of ``(time, priority, seq, event)``."""
 
-    __slots__ = ("_heap", "_now", "_seq", "events_processed")
+    __slots__ = ("_horizon", "_local", "_now", "_promised", "_seq", "_shared", "events_processed")
 
     def __init__(self, start: float = 0.0) -> None:
         if not math.isfinite(start):
             raise ValueError(f"the kernel must start at a finite time, got {start}")
         self._now = start
-        self._heap: list[tuple[float, int, int, Event]] = []
+        self._local: list[tuple[float, int, int, Event]] = []
+        self._shared: list[tuple[float, int, int, Event]] = []
         self._seq = count()
+        self._horizon = math.inf
+        """The ``until`` of the ``run`` in progress (infinity outside one)."""
+        self._promised = -math.inf
+        """The latest time ``next_shared`` returned: parts may have run ahead to it."""
         self.events_processed = 0
 
     @property
@@ -102,33 +126,84 @@ class Kernel:
 
     def __len__(self) -> int:
         """Events scheduled and not yet processed."""
-        return len(self._heap)
+        return len(self._local) + len(self._shared)
 
-    def schedule(self, time: float, priority: int, event: Event) -> None:
-        """Deliver ``event`` to ``event.target`` at ``time`` (``ValueError`` if in the past)."""
-        if not time >= self._now:  # also refuses NaN
-            raise ValueError(f"cannot schedule an event at {time}: the kernel is at {self._now}")
+    def schedule(self, time: float, priority: int, event: Event, *, local: bool = False) -> None:
+        """Deliver ``event`` to ``event.target`` at ``time`` (``ValueError`` if in the past).
+
+        ``local``: only the target reads or changes anything by this event. A shared event
+        earlier than a time ``next_shared`` has promised is refused too: a part may already
+        have run past it.
+        """
+        if not self._now <= time < math.inf:  # also refuses NaN
+            raise self._bad_time(time)
+        if local:
+            heappush(self._local, (time, priority, next(self._seq), event))
+            return
+        if time < self._promised:
+            raise ValueError(
+                f"cannot schedule a shared event at {time}: parts may have run ahead to "
+                f"{self._promised} (next_shared() promised that nothing shared happens sooner)"
+            )
+        heappush(self._shared, (time, priority, next(self._seq), event))
+
+    def _bad_time(self, time: float) -> ValueError:
         if time == math.inf:
-            raise ValueError("cannot schedule an event at infinity")
-        heappush(self._heap, (time, priority, next(self._seq), event))
+            return ValueError("cannot schedule an event at infinity")
+        return ValueError(f"cannot schedule an event at {time}: the kernel is at {self._now}")
 
     def schedule_all(self, events: Iterable[ScheduledEvent]) -> None:
         for scheduled in events:
-            self.schedule(scheduled.time, scheduled.priority, scheduled.event)
+            self.schedule(
+                scheduled.time, scheduled.priority, scheduled.event, local=scheduled.local
+            )
 
     def peek(self) -> float:
         """Time of the next event; ``math.inf`` when nothing is scheduled."""
-        return self._heap[0][0] if self._heap else math.inf
+        local, shared = self._local, self._shared
+        if local and (not shared or local[0] < shared[0]):
+            return local[0][0]
+        return shared[0][0] if shared else math.inf
+
+    def next_shared(self) -> float:
+        """The time before which nothing but a part itself reads or changes it: the earliest
+        pending shared event, or the end of the ``run(until)`` in progress (``math.inf``
+        when neither). A part handling a local event may apply its own future up to (not
+        including) this time at once.
+        """
+        shared = self._shared
+        horizon = shared[0][0] if shared and shared[0][0] < self._horizon else self._horizon
+        self._promised = max(self._promised, horizon)
+        return horizon
 
     def step(self) -> bool:
         """Process the next event; False when nothing is scheduled."""
-        if not self._heap:
+        local, shared = self._local, self._shared
+        if local and (not shared or local[0] < shared[0]):
+            time, _, _, event = heappop(local)
+            self._now = time
+            self.events_processed += 1
+            for scheduled in event.target.on_event(time, event):
+                if not scheduled.local:
+                    raise ValueError(
+                        f"a local event ({type(event).__name__}) scheduled a shared one "
+                        f"({type(scheduled.event).__name__}); only shared events may"
+                    )
+                then = scheduled.time
+                if not time <= then < math.inf:  # schedule(), inlined for the hot path
+                    raise self._bad_time(then)
+                heappush(local, (then, scheduled.priority, next(self._seq), scheduled.event))
+            return True
+        if not shared:
+            self._promised = -math.inf  # nothing is left, so no part is ahead of now
             return False
-        time, _, _, event = heappop(self._heap)
+        time, _, _, event = heappop(shared)
         self._now = time
         self.events_processed += 1
         for scheduled in event.target.on_event(time, event):
-            self.schedule(scheduled.time, scheduled.priority, scheduled.event)
+            self.schedule(
+                scheduled.time, scheduled.priority, scheduled.event, local=scheduled.local
+            )
         return True
 
     def run(self, until: float | None = None) -> None:
@@ -136,6 +211,8 @@ class Kernel:
 
         With ``until``, the kernel then stands at ``until``: events at exactly ``until`` are
         still pending, so ``run(5); run(10)`` processes the same events as ``run(10)``.
+        ``until`` bounds ``next_shared`` meanwhile: after ``run(until)`` returns, no part is
+        ahead of ``until``, and the caller may look at or change any of them.
         """
         if until is None:
             while self.step():
@@ -143,8 +220,11 @@ class Kernel:
             return
         if not until >= self._now:
             raise ValueError(f"cannot run until {until}: the kernel is already at {self._now}")
-        heap = self._heap
-        while heap and heap[0][0] < until:
-            self.step()
+        self._horizon = until
+        try:
+            while self.peek() < until:
+                self.step()
+        finally:
+            self._horizon = math.inf
         if until != math.inf:
             self._now = until

@@ -7,19 +7,28 @@ same two methods of the same model, and lets the kernel, not a sleep, carry time
                                                                   ▼
         ┌──────────── StepEnd @ t + plan.duration ◄── plan_step(t)
         ▼
-    finish_step(plan, t') ─► record tokens ─► plan_step(t') ─► StepEnd @ t' + duration ...
-                                                   └─ None: idle until the next submit
+    finish_step(plan, t') ─► record tokens ─► [run_decodes(t', horizon) ─► t'']
+                                                    ─► plan_step(t'') ─► StepEnd @ ...
+                                                          └─ None: idle until the next submit
 
 Arrivals run before steps at the same instant (``URGENT`` before ``NORMAL``), so every
 request that has arrived by ``t`` joins the step planned at ``t``; a step start on an idle
 replica is an event of its own for the same reason.
+
+Step events are local to the driver (only it reads or changes anything by them). Given a
+``horizon`` (the kernel's ``next_shared``: nothing outside the driver looks at it before
+then), the driver fast-forwards after each step: the model applies at once the pure-decode
+steps that end before the horizon (``ReplicaModel.run_decodes``), and the driver records
+them as it would have step by step. The results are the same to the bit; only the number
+of kernel events and model calls drops.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpufleet.engine.model import NewRequest, ReplicaModel, StepPlan
+from gpufleet.engine.model import DecodeRun, NewRequest, ReplicaModel, StepPlan
 from gpufleet.sim._kernel import NORMAL, Event, ScheduledEvent
 from gpufleet.sim._recorder import Recorder, RequestRecord
 
@@ -56,19 +65,49 @@ class _Live:
 
 
 class ReplicaDriver:
-    """Drives one :class:`ReplicaModel` on the kernel's clock and records its requests."""
+    """Drives one :class:`ReplicaModel` on the kernel's clock and records its requests.
 
-    __slots__ = ("_busy", "_itl", "_live", "_model", "_recorder", "busy_s", "index", "steps")
+    ``horizon``, when given, returns the time before which nothing outside this driver reads
+    or changes it (``Kernel.next_shared``); the driver then fast-forwards runs of pure-decode
+    steps up to it. ``None`` steps one kernel event at a time.
+    """
 
-    def __init__(self, index: int, model: ReplicaModel, recorder: Recorder) -> None:
+    __slots__ = (
+        "_busy",
+        "_horizon",
+        "_itl",
+        "_live",
+        "_model",
+        "_recorder",
+        "busy_s",
+        "fast_runs",
+        "fast_steps",
+        "index",
+        "steps",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        model: ReplicaModel,
+        recorder: Recorder,
+        *,
+        horizon: Callable[[], float] | None = None,
+    ) -> None:
         self.index = index
         self._model = model
         self._recorder = recorder
+        self._horizon = horizon
         self._itl = recorder.replica_itl(index)
         self._live: dict[str, _Live] = {}
         self._busy = False
         """A step is in flight or about to start."""
         self.steps = 0
+        """Steps run, fast-forwarded ones included."""
+        self.fast_steps = 0
+        """Steps applied by fast-forwards (no kernel event, no plan, no outputs)."""
+        self.fast_runs = 0
+        """Fast-forwards: runs of one or more pure-decode steps applied at once."""
         self.busy_s = 0.0
         """Virtual seconds spent in steps."""
 
@@ -101,18 +140,22 @@ class ReplicaDriver:
         if self._busy:
             return []
         self._busy = True
-        return [ScheduledEvent(now, STEP_PRIORITY, StepStart(self))]
+        return [ScheduledEvent(now, STEP_PRIORITY, StepStart(self), local=True)]
 
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
         if isinstance(event, StepEnd):
             self._finish(now, event.plan)
+            if self._horizon is not None:
+                run = self._model.run_decodes(now, self._horizon())
+                if run is not None:
+                    now = self._record_run(now, run)
         plan = self._model.plan_step(now)
         if plan is None:
             self._busy = False
             return []
         self.steps += 1
         self.busy_s += plan.duration
-        return [ScheduledEvent(now + plan.duration, STEP_PRIORITY, StepEnd(self, plan))]
+        return [ScheduledEvent(now + plan.duration, STEP_PRIORITY, StepEnd(self, plan), local=True)]
 
     def _finish(self, now: float, plan: StepPlan) -> None:
         live, log = self._live, self._recorder.log
@@ -143,3 +186,40 @@ class ReplicaDriver:
         itl = self._itl
         for gap, count in gaps.items():
             itl.add(gap, count)
+
+    def _record_run(self, now: float, run: DecodeRun) -> float:
+        """Record a fast-forwarded run as its steps' ``_finish`` would have; its end time.
+
+        Step times are summed from ``now`` one duration at a time, as the kernel would have
+        (``now + plan.duration`` per StepEnd), and gaps taken as differences of those times,
+        so every float matches the step-by-step run. The first step's gaps are each request's
+        own (one may not have produced a token in the step before); after it, all requests
+        share each step's gap: one histogram count of ``n`` per step, in step order.
+        """
+        live = self._live
+        states = [live[rid] for rid in run.request_ids]
+        itl = self._itl
+        durations = run.durations
+        t = now + durations[0]
+        gaps: dict[float, int] = {}
+        for state in states:
+            gap = t - state.last
+            gaps[gap] = gaps.get(gap, 0) + 1
+        for gap, count in gaps.items():
+            itl.add(gap, count)
+        busy = self.busy_s + durations[0]
+        shared: list[float] = []
+        add_gap = shared.append
+        for duration in durations[1:]:
+            end = t + duration
+            add_gap(end - t)
+            busy += duration
+            t = end
+        itl.add_each(shared, len(states))
+        for state in states:
+            state.last = t
+        self.busy_s = busy
+        self.steps += len(durations)
+        self.fast_steps += len(durations)
+        self.fast_runs += 1
+        return t

@@ -16,7 +16,7 @@ same values in the same order hold the same state.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 class LogHistogram:
@@ -47,6 +47,25 @@ class LogHistogram:
         self.total += value * count
         self.min = min(self.min, value)
         self.max = max(self.max, value)
+
+    def add_each(self, values: Iterable[float], count: int = 1) -> None:
+        """``add(value, count)`` for each of ``values`` in order, with the same result to the
+        bit (the sum is accumulated in the same order), in one call."""
+        counts, log_gamma, log, ceil = self._counts, self._log_gamma, math.log, math.ceil
+        total, low, high, added = self.total, self.min, self.max, 0
+        try:
+            for value in values:
+                if not value > 0:
+                    raise ValueError(f"LogHistogram takes values > 0, got {value}")
+                key = ceil(log(value) / log_gamma)
+                counts[key] = counts.get(key, 0) + count
+                total += value * count
+                low = value if value < low else low  # min() and max() cost a call each
+                high = value if value > high else high
+                added += count
+        finally:  # the values before a bad one stay added, as with add()
+            self.count += added
+            self.total, self.min, self.max = total, low, high
 
     @property
     def mean(self) -> float | None:

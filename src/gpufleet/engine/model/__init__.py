@@ -6,6 +6,7 @@ time and the fleet simulator in virtual time. docs/design/replica-model.md expla
 
 from gpufleet.engine.model._replica import ReplicaModel
 from gpufleet.engine.model._types import (
+    DecodeRun,
     FinishReason,
     NewRequest,
     ReplicaConfig,
@@ -15,6 +16,7 @@ from gpufleet.engine.model._types import (
 )
 
 __all__ = [
+    "DecodeRun",
     "FinishReason",
     "NewRequest",
     "ReplicaConfig",

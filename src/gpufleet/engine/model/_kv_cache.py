@@ -11,7 +11,9 @@ block table covers its computed tokens plus the ones scheduled this step (block 
                                              b6 is partly written: never shared
 
 The scheduler calls ``allocate`` only when a step would pass the table's last slot
-(``request.kv_checkpoint``), so a decode costs nothing here 15 steps out of 16. Full blocks are
+(``request.kv_checkpoint``), so a decode costs nothing here 15 steps out of 16. The
+fast-forward over pure-decode steps calls ``grow``: the same ``allocate`` calls for one step's
+crossings, all of them or none. Full blocks are
 registered at those calls and when the request frees its blocks: a block that a decode fills
 joins the cache when the next block is allocated (one step later) or when it is freed.
 
@@ -124,6 +126,26 @@ class KVCacheManager:
             self._register(request, table, num_tokens // size)
         request.kv_checkpoint = len(blocks) * size + 1
         return new
+
+    def grow(self, growth: Sequence[tuple[Request, int]]) -> bool:
+        """Grow each request's table to hold its number of tokens, in the order given: all of
+        them, or none (``False``, nothing changed) when the pool has too few free blocks.
+
+        The fast-forward over decode steps uses it for the requests that cross a block
+        boundary in one step: the same ``allocate`` calls, in the same order, as the step's
+        running pass makes when they all fit, so the pool and the prefix cache end the same.
+        When they do not, the step is left to ``plan_step``, which preempts.
+        """
+        size, tables = self.block_size, self._tables
+        need = 0
+        for request, num_tokens in growth:
+            table = tables.get(request)
+            need += max(0, -(-num_tokens // size) - (len(table.blocks) if table else 0))
+        if need > self.pool.num_free:
+            return False
+        for request, num_tokens in growth:
+            self.allocate(request, num_tokens)
+        return True
 
     def free(self, request: Request) -> list[int]:
         """Release ``request``'s blocks; returns them in the order they join the free queue.

@@ -24,6 +24,7 @@ from gpufleet.engine.model._request import Request, RequestStatus
 from gpufleet.engine.model._scheduler import Scheduler
 from gpufleet.engine.model._tokens import FillerTokens, OutputLengths
 from gpufleet.engine.model._types import (
+    DecodeRun,
     FinishReason,
     NewRequest,
     ReplicaConfig,
@@ -243,6 +244,104 @@ class ReplicaModel:
             )
             finished[reason.value] += 1
         self._scheduler.finish(done)
+
+    def run_decodes(self, now: float, until: float) -> DecodeRun | None:
+        """Apply at once the pure-decode steps that would run from ``now`` and end before
+        ``until``; ``None``, with nothing changed, when not even one qualifies.
+
+        The state afterwards is exactly the state after ``plan_step`` / ``finish_step`` of the
+        same steps one by one (``t = now``; ``t += plan.duration``), minus the plans and the
+        outputs. A step qualifies while:
+
+        * nothing is waiting and every running request is a decode (one token behind, some
+          output), all in one step (no more than ``max_num_batched_tokens``);
+        * no request finishes in it: the finishing step stays an ordinary step, so finishes
+          reach the shell through ``finish_step``, at their instant and in their order;
+        * it ends before ``until`` (``t + duration < until``): the shell promises that nothing
+          reads or changes the replica before ``until``, so at ``until`` it must look exactly
+          as the slow path would leave it, not a step further;
+        * the requests that cross a block boundary in it get their blocks, in running order
+          (one each). When the pool cannot give them all, none is allocated and the step is
+          left to ``plan_step``, which preempts.
+
+        The run's steps, with ``n`` running requests and ``C`` = Σ (computed + 1)::
+
+            step i (from 0)     decode_context = C + i·n      duration_i = decode_seconds × slowdown
+            request r crosses   at i = kv_checkpoint_r - computed_r - 1, then every block_size
+
+        ``RuntimeError`` while a step is in flight, as ``plan_step``; ``ValueError`` for a
+        NaN time.
+        """
+        if self._in_flight is not None:
+            raise RuntimeError(
+                f"run_decodes called while step {self._in_flight.step} is in flight; "
+                "call finish_step with its plan first"
+            )
+        if math.isnan(now) or math.isnan(until):
+            raise ValueError(f"run_decodes needs times, got now={now} until={until}")
+        batch = self._pure_decodes()
+        if batch is None:
+            return None
+        running, limit, context, crossings = batch
+        seqs, size = len(running), self._kv.block_size
+        phases = sorted(crossings)
+        next_phase, block_start = 0, 0
+        crossing_step = phases[0]  # the next step in which some request needs a block
+        decode_seconds, slowdown, grow = self._steps.decode_seconds, self._slowdown, self._kv.grow
+        durations: list[float] = []
+        t = now
+        steps = 0
+        while steps < limit:
+            duration = decode_seconds(seqs, context) * slowdown
+            end = t + duration
+            if end >= until:
+                break
+            if steps == crossing_step:
+                group = crossings[crossing_step - block_start]
+                if not grow([(r, r.num_computed_tokens + 1 + steps) for r in group]):
+                    break
+                next_phase += 1
+                if next_phase == len(phases):
+                    next_phase, block_start = 0, block_start + size
+                crossing_step = block_start + phases[next_phase]
+            durations.append(duration)
+            t = end
+            context += seqs
+            steps += 1
+        if not steps:
+            return None
+        for r in running:
+            r.num_computed_tokens += steps
+            r.num_tokens += steps
+            r.num_output_tokens += steps
+        self._generation_tokens += seqs * steps
+        first = self._step
+        self._step += steps
+        return DecodeRun(tuple(durations), tuple(r.request_id for r in running), first)
+
+    def _pure_decodes(self) -> tuple[list[Request], int, int, dict[int, list[Request]]] | None:
+        """The running requests when they are all decodes with nothing waiting, with: how many
+        steps they can take before one finishes, ``C`` = Σ (computed + 1), and the requests
+        that need a block at run step ``p``, ``p + block_size``, ... by ``p``, in running
+        order. ``None`` when the next step is not a pure-decode step."""
+        scheduler = self._scheduler
+        running = scheduler.running
+        if not running or scheduler.waiting or len(running) > scheduler.max_num_batched_tokens:
+            return None  # (the budget test is a guard: admission already keeps n <= budget)
+        size = self._kv.block_size
+        limit = self._max_model_len  # more steps than any request can take
+        context = 0
+        crossings: dict[int, list[Request]] = {}
+        for r in running:
+            computed = r.num_computed_tokens
+            if r.num_tokens - computed != 1 or not r.num_output_tokens:
+                return None  # a prompt chunk is still to run
+            limit = min(limit, r.target_output_tokens - r.num_output_tokens - 1)
+            context += computed + 1
+            phase = r.kv_checkpoint - computed - 1
+            assert 0 <= phase < size, f"{r}: its table is not within a block of its tokens"
+            crossings.setdefault(phase, []).append(r)
+        return running, limit, context, crossings
 
     # -- observation --------------------------------------------------------------------
 

@@ -151,6 +151,33 @@ class StepPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """Consecutive pure-decode steps that ``ReplicaModel.run_decodes`` applied at once.
+
+    Step ``i`` of the run is the replica's step ``first_step + i``; it took ``durations[i]``
+    seconds on the modelled GPU (slowdown included: what ``plan_step`` would have said), and
+    every request in ``request_ids`` produced one token in it, the same token it would have
+    produced step by step. No request finished and none produced its first token. A shell
+    times the steps as it would have one by one, ``t += duration`` from the run's start, so
+    the times agree to the bit::
+
+        now ──d0──► t1 ──d1──► t2 ── ... ──► tk        tk: plan the next step here
+                    │          │             │
+                    one token per request at each step end
+    """
+
+    durations: tuple[float, ...]
+    request_ids: tuple[str, ...]
+    """The running requests, in running order (the order step outputs would have had)."""
+    first_step: int
+    """``StepPlan.step`` the first step would have had; the next plan numbers on from the end."""
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.durations)
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaStats:
     """A snapshot of the replica, in the quantities vLLM exports as metrics.
 
