@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli import _catalog_cmd, _engine_cmd, _plan_cmd, _up_cmd
+from gpufleet.cli import _catalog_cmd, _engine_cmd, _plan_cmd, _simulate_cmd, _up_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -16,6 +16,7 @@ app = typer.Typer(
 )
 app.command("plan")(_plan_cmd.plan)
 app.command("up")(_up_cmd.up)
+app.command("simulate")(_simulate_cmd.simulate)
 app.add_typer(_catalog_cmd.app, name="catalog")
 app.add_typer(_engine_cmd.app, name="engine")
 

@@ -4,11 +4,19 @@ docs/design/sim-kernel.md explains the kernel and the driver, docs/traces.md the
 """
 
 from gpufleet.sim._arrivals import ArrivalProcess
-from gpufleet.sim._harness import Chooser, FleetHarness, RoundRobin
+from gpufleet.sim._harness import Chooser, ChooserRouting, FleetHarness, RoundRobin, Routing
 from gpufleet.sim._kernel import NORMAL, URGENT, Event, Kernel, KernelClock, Part, ScheduledEvent
+from gpufleet.sim._plots import PLOTS, write_plots
+from gpufleet.sim._policy import (
+    PREFIX_HASH_TOKENS,
+    PolicyRouting,
+    SimPool,
+    token_prefix_hashes,
+)
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import Recorder, RequestLog, RequestRecord
 from gpufleet.sim._replica_driver import ReplicaDriver
+from gpufleet.sim._simulate import FleetSimulation, SimOptions, replica_config
 from gpufleet.sim._stats import LogHistogram
 from gpufleet.sim._traces import (
     PREFIX_BLOCK_TOKENS,
@@ -21,26 +29,37 @@ from gpufleet.sim._traces import (
 
 __all__ = [
     "NORMAL",
+    "PLOTS",
     "PREFIX_BLOCK_TOKENS",
+    "PREFIX_HASH_TOKENS",
     "URGENT",
     "ArrivalProcess",
     "Chooser",
+    "ChooserRouting",
     "Event",
     "FleetHarness",
+    "FleetSimulation",
     "Kernel",
     "KernelClock",
     "LogHistogram",
     "Part",
+    "PolicyRouting",
     "PromptBuilder",
     "Recorder",
     "ReplicaDriver",
     "RequestLog",
     "RequestRecord",
     "RoundRobin",
+    "Routing",
     "ScheduledEvent",
+    "SimOptions",
+    "SimPool",
     "TraceFormat",
     "TraceReader",
     "TraceRequest",
     "detect_format",
     "load_trace",
+    "replica_config",
+    "token_prefix_hashes",
+    "write_plots",
 ]

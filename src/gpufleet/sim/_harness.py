@@ -11,8 +11,12 @@ arrival when the previous one is delivered, so the trace is never in memory::
     Arrival(i) @ t_i ─► choose(now, request, drivers) ─► drivers[k].submit(...)
                     └─► next(trace) ─► Arrival(i + 1) @ t_(i+1)
 
-``choose`` is the seam where the policy routers plug in next: any callable
-``choose(now, request, replicas) -> index``. Round robin is the default.
+The routing seam is a :class:`Routing`: ``route(now, index, request, prompt, replicas)``
+at each arrival and ``on_end(now, index, replica, rejected)`` at each end. A plain
+``choose(now, request, replicas) -> index`` function is enough when nothing needs the ends
+(round robin, the default); :class:`~gpufleet.sim.PolicyRouting` puts the gateway's own
+routers (``gpufleet.policy``) there. ``every(interval, callback)`` runs a periodic observer
+(the gateway's metric scrapes, the report's samples) while the trace lasts.
 
 Arrivals are the kernel's shared events (a router may read every replica); the replicas'
 steps are local to them. So between two arrivals each replica may fast-forward its runs of
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpufleet.engine.model import NewRequest, ReplicaModel
 from gpufleet.sim._kernel import URGENT, Event, Kernel, ScheduledEvent
@@ -34,9 +39,53 @@ from gpufleet.sim._traces import TraceRequest
 
 ARRIVAL_PRIORITY = URGENT
 """Arrivals come before the steps of the same instant (they join the step planned then)."""
+TICK_PRIORITY = URGENT
+"""Periodic observers (scrapes, samples) too: they see the fleet as the instant begins."""
 
 Chooser = Callable[[float, TraceRequest, Sequence[ReplicaDriver]], int]
 """``choose(now, request, replicas) -> index``: which replica serves a request."""
+
+
+class Routing(Protocol):
+    """The routing seam in full: a choice that may read the prompt, and each request's end.
+
+    ``route`` is asked at the request's arrival, after its prompt ids are built (a prefix-aware
+    router hashes them); ``on_end`` is told when the request finishes or the replica refuses
+    it. :class:`~gpufleet.sim.PolicyRouting` puts the gateway's routers here.
+    """
+
+    def route(
+        self,
+        now: float,
+        index: int,
+        request: TraceRequest,
+        prompt: tuple[int, ...],
+        replicas: Sequence[ReplicaDriver],
+    ) -> int: ...
+
+    def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None: ...
+
+
+class ChooserRouting:
+    """A plain ``choose`` function as a :class:`Routing` (it never hears of ends)."""
+
+    __slots__ = ("choose",)
+
+    def __init__(self, choose: Chooser) -> None:
+        self.choose = choose
+
+    def route(
+        self,
+        now: float,
+        index: int,
+        request: TraceRequest,
+        prompt: tuple[int, ...],
+        replicas: Sequence[ReplicaDriver],
+    ) -> int:
+        return self.choose(now, request, replicas)
+
+    def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None:
+        return None
 
 
 class RoundRobin:
@@ -62,10 +111,34 @@ class Arrival:
     request: TraceRequest
 
 
-class FleetHarness:
-    """Replica drivers on one kernel, fed by a trace through a routing function."""
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The ``count``-th tick of a periodic observer (a scrape, a sample)."""
 
-    __slots__ = ("_trace", "choose", "drivers", "kernel", "prompts", "recorder")
+    target: FleetHarness
+    start: float
+    interval: float
+    count: int
+    callback: Callable[[float], None]
+
+
+class FleetHarness:
+    """Replica drivers on one kernel, fed by a trace through a routing seam.
+
+    ``choose`` (a plain function) or ``routing`` (a :class:`Routing`) picks the replica;
+    round robin when neither is given.
+    """
+
+    __slots__ = (
+        "_more",
+        "_trace",
+        "drivers",
+        "kernel",
+        "live",
+        "prompts",
+        "recorder",
+        "routing",
+    )
 
     def __init__(
         self,
@@ -73,46 +146,94 @@ class FleetHarness:
         prompts: PromptBuilder,
         *,
         choose: Chooser | None = None,
+        routing: Routing | None = None,
         kernel: Kernel | None = None,
         recorder: Recorder | None = None,
         fast_forward: bool = True,
     ) -> None:
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
+        if choose is not None and routing is not None:
+            raise ValueError("give choose or routing, not both")
         self.kernel = kernel if kernel is not None else Kernel()
         self.recorder = recorder if recorder is not None else Recorder()
         horizon = self.kernel.next_shared if fast_forward else None
         self.drivers = [
-            ReplicaDriver(i, m, self.recorder, horizon=horizon) for i, m in enumerate(replicas)
+            ReplicaDriver(i, m, self.recorder, horizon=horizon, on_end=self._ended)
+            for i, m in enumerate(replicas)
         ]
         self.prompts = prompts
-        self.choose: Chooser = choose if choose is not None else RoundRobin()
+        if routing is None:
+            routing = ChooserRouting(choose if choose is not None else RoundRobin())
+        self.routing: Routing = routing
         self._trace: Iterator[tuple[int, TraceRequest]] = iter(())
+        self._more = False
+        """An arrival is scheduled and not yet delivered."""
+        self.live = 0
+        """Requests submitted and not yet finished or refused."""
+
+    @property
+    def active(self) -> bool:
+        """Arrivals are still to come or requests are in the replicas."""
+        return self._more or self.live > 0
 
     def start(self, trace: Iterable[TraceRequest]) -> None:
         """Schedule the trace's arrivals (lazily: one pending at a time)."""
         self._trace = enumerate(trace)
         self.kernel.schedule_all(self._next_arrival())
 
+    def every(self, interval: float, callback: Callable[[float], None]) -> None:
+        """Call ``callback(now)`` now and every ``interval`` seconds while :attr:`active`.
+
+        Call it after :meth:`start`. Ticks are shared events (the callback may read every
+        replica) at ``now + k × interval`` (no accumulated rounding); they come before the
+        replicas' steps of the same instant.
+        """
+        if not interval > 0:
+            raise ValueError(f"interval must be positive, got {interval}")
+        now = self.kernel.now
+        self.kernel.schedule(now, TICK_PRIORITY, Tick(self, now, interval, 0, callback))
+
     def run(self, until: float | None = None) -> None:
         self.kernel.run(until)
 
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
+        if isinstance(event, Tick):
+            event.callback(now)
+            if not self.active:
+                return []
+            count = event.count + 1
+            then = event.start + count * event.interval
+            return [
+                ScheduledEvent(
+                    then,
+                    TICK_PRIORITY,
+                    Tick(self, event.start, event.interval, count, event.callback),
+                )
+            ]
         assert isinstance(event, Arrival), event
-        request = event.request
+        self._more = False
+        index, request = event.index, event.request
         drivers = self.drivers
-        chosen = self.choose(now, request, drivers)
+        prompt = self.prompts.prompt(index, request)
+        chosen = self.routing.route(now, index, request, prompt, drivers)
         new = NewRequest(
-            str(event.index),
-            self.prompts.prompt(event.index, request),
+            str(index),
+            prompt,
             request.output_tokens,
             ignore_eos=True,  # the trace says how many tokens came out
         )
-        return drivers[chosen].submit(now, event.index, new) + self._next_arrival()
+        self.live += 1
+        return drivers[chosen].submit(now, index, new) + self._next_arrival()
+
+    def _ended(self, now: float, index: int, replica: int, rejected: bool) -> None:
+        self.live -= 1
+        self.routing.on_end(now, index, replica, rejected)
 
     def _next_arrival(self) -> list[ScheduledEvent]:
         following = next(self._trace, None)
         if following is None:
             return []
+        self._more = True
         index, request = following
         return [ScheduledEvent(request.arrival_s, ARRIVAL_PRIORITY, Arrival(self, index, request))]

@@ -32,6 +32,9 @@ from gpufleet.engine.model import DecodeRun, NewRequest, ReplicaModel, StepPlan
 from gpufleet.sim._kernel import NORMAL, Event, ScheduledEvent
 from gpufleet.sim._recorder import Recorder, RequestRecord
 
+EndHook = Callable[[float, int, int, bool], None]
+"""``on_end(now, index, replica, rejected)``: trace request ``index`` left replica ``replica``."""
+
 STEP_PRIORITY = NORMAL
 """Steps start and end after the arrivals of the same instant."""
 
@@ -69,7 +72,8 @@ class ReplicaDriver:
 
     ``horizon``, when given, returns the time before which nothing outside this driver reads
     or changes it (``Kernel.next_shared``); the driver then fast-forwards runs of pure-decode
-    steps up to it. ``None`` steps one kernel event at a time.
+    steps up to it. ``None`` steps one kernel event at a time. ``on_end``, when given, is
+    told of every request that finishes or is refused, at the instant it does.
     """
 
     __slots__ = (
@@ -78,6 +82,7 @@ class ReplicaDriver:
         "_itl",
         "_live",
         "_model",
+        "_on_end",
         "_recorder",
         "busy_s",
         "fast_runs",
@@ -93,8 +98,10 @@ class ReplicaDriver:
         recorder: Recorder,
         *,
         horizon: Callable[[], float] | None = None,
+        on_end: EndHook | None = None,
     ) -> None:
         self.index = index
+        self._on_end = on_end
         self._model = model
         self._recorder = recorder
         self._horizon = horizon
@@ -135,6 +142,8 @@ class ReplicaDriver:
                     index, self.index, now, None, now, len(request.prompt_token_ids), 0, 0, True
                 )
             )
+            if self._on_end is not None:
+                self._on_end(now, index, self.index, True)
             return []
         self._live[request.request_id] = _Live(index, now, len(request.prompt_token_ids))
         if self._busy:
@@ -183,6 +192,8 @@ class ReplicaDriver:
                         False,
                     )
                 )
+                if self._on_end is not None:
+                    self._on_end(now, state.index, self.index, False)
         itl = self._itl
         for gap, count in gaps.items():
             itl.add(gap, count)

@@ -1,0 +1,292 @@
+"""``gpufleet simulate``: replay a trace against one fleet file (or several, side by side)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpufleet.cli._errors import user_errors
+from gpufleet.config import DEFAULT_FLEET, FleetConfig, load_fleet
+from gpufleet.sim import (
+    ArrivalProcess,
+    FleetSimulation,
+    SimOptions,
+    TraceFormat,
+    TraceReader,
+    load_trace,
+    write_plots,
+)
+
+_console = Console(highlight=False)
+_SLICES = 200
+"""Progress-bar updates over a run (each a ``run(until)`` slice; results do not change)."""
+
+
+def _reader(
+    trace: Path,
+    fmt: str | None,
+    *,
+    rate_scale: float,
+    duration: float | None,
+    seed: int,
+    arrival_rate: float | None,
+    arrival_cv: float,
+) -> TraceReader:
+    if not trace.exists():
+        raise ValueError(f"{trace}: no such trace file")
+    arrivals = None if arrival_rate is None else ArrivalProcess(arrival_rate, arrival_cv)
+    if fmt == "lengths" and arrivals is None:
+        raise ValueError("--format lengths needs --arrival-rate (a length table has no times)")
+    try:
+        return load_trace(
+            trace,
+            TraceFormat(fmt) if fmt is not None else None,
+            rate_scale=rate_scale,
+            duration=duration,
+            arrivals=arrivals,
+            rng=random.Random(seed),
+        )
+    except FileNotFoundError:
+        raise ValueError(f"{trace}: no such trace file") from None
+
+
+def _scan(make: Any) -> tuple[int, float]:
+    """Requests and last arrival time of the trace (one cheap pass, for the progress bar)."""
+    count, last = 0, 0.0
+    for request in make():
+        count += 1
+        last = request.arrival_s
+    return count, last
+
+
+def _run_one(
+    fleet: FleetConfig,
+    options: SimOptions,
+    make: Any,
+    *,
+    label: str,
+    total: tuple[int, float],
+) -> tuple[FleetSimulation, float]:
+    sim = FleetSimulation(fleet, options)
+    sim.start(make())
+    requests, last = total
+    wall = time.perf_counter()
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[now]:>9.1f} / {task.total:.1f} simulated s"),
+        TextColumn("{task.fields[done]:>8} / " + f"{requests} requests"),
+        TimeElapsedColumn(),
+        console=_console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task(label, total=max(last, 1e-9), now=0.0, done=0)
+        step = max(last, 1e-9) / _SLICES
+        for k in range(1, _SLICES + 1):
+            sim.run(step * k)
+            done = len(sim.harness.recorder.log)
+            progress.update(task, completed=step * k, now=sim.now, done=done)
+        sim.run()
+        progress.update(task, completed=max(last, 1e-9), now=sim.now, done=requests)
+    return sim, time.perf_counter() - wall
+
+
+def _dump(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1000:,.0f}" if value >= 1 else f"{value * 1000:.1f}"
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    o = report["overall"]
+    rows = [
+        ("requests", f"{o['requests']:,} ({o['rejected']} rejected)"),
+        ("simulated", f"{report['simulated_s']:,.1f} s"),
+    ]
+    for key, name in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
+        q = o[key]
+        rows.append(
+            (f"{name} p50 / p90 / p99 (ms)", " / ".join(_ms(q[p]) for p in ("p50", "p90", "p99")))
+        )
+    t = o["throughput"]
+    rows.append(("throughput", f"{t['requests_per_s']} req/s, {t['output_tokens_per_s']:,} tok/s"))
+    hit = o["prefix_hit_rate"]
+    rows.append(("prefix hit rate", "—" if hit is None else f"{hit:.1%}"))
+    rows.append(("preemptions", f"{o['preemptions']:,}"))
+    util = [r["utilisation"] for r in report["replicas"] if r["utilisation"] is not None]
+    if util:
+        rows.append(
+            ("replica utilisation", f"mean {sum(util) / len(util):.0%}, max {max(util):.0%}")
+        )
+    kv = [r["kv_usage_max"] for r in report["replicas"] if r["kv_usage_max"] is not None]
+    if kv:
+        rows.append(("KV usage (max sampled)", f"{max(kv):.0%}"))
+    if "slo" in o:
+        slo = o["slo"]
+        rows.append(("SLO attainment", f"{slo['attainment']:.1%}"))
+        rows.append(("goodput", f"{slo['goodput_requests_per_s']} req/s"))
+    cost = report["cost"]
+    rows.append(("GPU-hours / cost", f"{cost['gpu_hours']:,.2f} h / ${cost['usd']:,.2f}"))
+    return rows
+
+
+def _table(reports: dict[str, dict[str, Any]]) -> Table:
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("")
+    for name in reports:
+        table.add_column(name, justify="right")
+    per = [dict(_rows(r)) for r in reports.values()]
+    for key, _ in _rows(next(iter(reports.values()))):
+        table.add_row(key, *(rows.get(key, "—") for rows in per))
+    return table
+
+
+def _fleet_paths(fleets: list[Path] | None, fleet: Path | None, *, compare: bool) -> list[Path]:
+    if compare:
+        if fleet is not None or not fleets or len(fleets) < 2:
+            raise ValueError("--compare takes two or more fleet files as arguments")
+        if len({p.stem for p in fleets}) < len(fleets):
+            raise ValueError("--compare: fleet files need distinct names (they name the runs)")
+        return list(fleets)
+    if fleets:
+        raise ValueError("fleet files as arguments need --compare (else use --fleet)")
+    return [fleet if fleet is not None else DEFAULT_FLEET]
+
+
+def simulate(
+    fleets: Annotated[
+        list[Path] | None,
+        typer.Argument(help="With --compare: the fleet files to compare.", show_default=False),
+    ] = None,
+    fleet: Annotated[
+        Path | None, typer.Option(help="Fleet file (default: the packaged default fleet).")
+    ] = None,
+    trace: Annotated[Path | None, typer.Option(help="Request trace to replay.")] = None,
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", help="azure, mooncake, burstgpt, jsonl or lengths (detected)."),
+    ] = None,
+    rate_scale: Annotated[float, typer.Option(help="Replay this many times faster.")] = 1.0,
+    duration: Annotated[
+        float | None, typer.Option(help="Only requests arriving in the first S (scaled) s.")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of every draw (default: the fleet's gateway.seed).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Directory for report.json and plots.")] = None,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Run every FLEETS file on the same trace and seed.")
+    ] = False,
+    ttft_slo_ms: Annotated[float | None, typer.Option(help="TTFT SLO per request (ms).")] = None,
+    tpot_slo_ms: Annotated[
+        float | None, typer.Option(help="Time-per-output-token SLO per request (ms).")
+    ] = None,
+    arrival_rate: Annotated[
+        float | None, typer.Option(help="Draw arrivals at this rate (req/s) instead.")
+    ] = None,
+    arrival_cv: Annotated[float, typer.Option(help="Gap CV of drawn arrivals (1: Poisson).")] = (
+        1.0
+    ),
+    sample_every: Annotated[float, typer.Option(help="Seconds between samples.")] = 10.0,
+    plots: Annotated[bool, typer.Option(help="Draw PNG plots.")] = True,
+) -> None:
+    """Replay a trace against a modelled fleet: latencies, throughput, KV usage, cost.
+
+    Example: gpufleet simulate --fleet examples/azure-conv-8x-h100.yaml
+    --trace AzureLLMInferenceTrace_conv.csv --out runs/azure
+    """
+    with user_errors():
+        if trace is None:
+            raise ValueError("--trace is required")
+        if out is None:
+            raise ValueError("--out is required")
+        paths = _fleet_paths(fleets, fleet, compare=compare)
+        configs = {path: load_fleet(path) for path in paths}
+        for name, value in (("--rate-scale", rate_scale), ("--sample-every", sample_every)):
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        run_seed = seed if seed is not None else next(iter(configs.values())).gateway.seed
+        options = SimOptions(
+            seed=run_seed,
+            sample_interval=sample_every,
+            ttft_slo_s=None if ttft_slo_ms is None else ttft_slo_ms / 1000,
+            tpot_slo_s=None if tpot_slo_ms is None else tpot_slo_ms / 1000,
+        )
+
+        def make() -> TraceReader:
+            return _reader(
+                trace,
+                fmt,
+                rate_scale=rate_scale,
+                duration=duration,
+                seed=run_seed,
+                arrival_rate=arrival_rate,
+                arrival_cv=arrival_cv,
+            )
+
+        first = make()
+        total = _scan(lambda: first)
+        if total[0] == 0:
+            raise ValueError(f"{trace}: no requests to replay")
+        out.mkdir(parents=True, exist_ok=True)
+        # Checked up front: a bad fleet entry fails before minutes of simulation.
+        for config in configs.values():
+            FleetSimulation(config, options)
+    inputs = {
+        "trace": str(trace),
+        "format": first.format.value,
+        "rate_scale": rate_scale,
+        "duration": duration,
+        "arrival_rate": arrival_rate,
+        "arrival_cv": arrival_cv if arrival_rate is not None else None,
+        "seed": run_seed,
+        "requests": total[0],
+        "skipped": first.skipped,
+    }
+    reports: dict[str, dict[str, Any]] = {}
+    speeds: dict[str, Any] = {}
+    for path, config in configs.items():
+        where = out / path.stem if compare else out
+        where.mkdir(parents=True, exist_ok=True)
+        sim, wall = _run_one(config, options, make, label=path.stem, total=total)
+        shown = "(packaged default)" if path == DEFAULT_FLEET else str(path)
+        report = sim.report({**inputs, "fleet": shown})
+        _dump(where / "report.json", report)
+        speeds[path.stem] = {
+            "wall_s": round(wall, 3),
+            "simulated_s_per_wall_s": round(sim.now / wall, 1) if wall > 0 else None,
+            "events": sim.events,
+            "events_per_s": round(sim.events / wall) if wall > 0 else None,
+        }
+        _dump(where / "run.json", speeds[path.stem])
+        if plots:
+            write_plots(where, report, sim.latencies())
+        reports[path.stem] = report
+    if compare:
+        _dump(
+            out / "compare.json",
+            {
+                "inputs": inputs,
+                "fleets": {
+                    name: {k: r[k] for k in ("fleet", "simulated_s", "overall", "cost")}
+                    for name, r in reports.items()
+                },
+            },
+        )
+    _console.print(_table(reports))
+    for name, speed in speeds.items():
+        _console.print(
+            f"{name}: {speed['wall_s']:.1f} s wall, {speed['simulated_s_per_wall_s']} simulated "
+            f"s per wall s, {speed['events']:,} events ({speed['events_per_s']:,}/s)"
+        )
+    _console.print(f"wrote {out}/" + ("compare.json and one folder per fleet" if compare else ""))

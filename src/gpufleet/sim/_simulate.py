@@ -1,0 +1,379 @@
+"""A fleet file on a trace: replicas from the catalog, the fleet's routers, samples, a report.
+
+    sim = FleetSimulation(load_fleet("examples/azure-conv-8x-h100.yaml"), SimOptions(seed=0))
+    sim.start(load_trace("AzureLLMInferenceTrace_conv.csv"))
+    sim.run(until=600.0)          # slices, for a progress bar
+    sim.run()                     # the rest: every request finishes
+    report = sim.report()         # a plain dict: report.json (docs/simulator.md)
+
+Everything in the report is a function of the inputs and the seed: no wall-clock time, and
+floats rounded to a fixed number of digits, so equal inputs give byte-identical JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from gpufleet.catalog import CatalogError, get_gpu, get_model
+from gpufleet.config import FleetConfig, ModelConfig
+from gpufleet.engine.model import ReplicaConfig, ReplicaModel
+from gpufleet.sim._harness import FleetHarness
+from gpufleet.sim._policy import PolicyRouting, SimPool
+from gpufleet.sim._prompts import PromptBuilder
+from gpufleet.sim._recorder import RequestRecord
+from gpufleet.sim._stats import LogHistogram
+from gpufleet.sim._traces import TraceRequest
+
+QUANTILES: Final = (0.5, 0.9, 0.99)
+
+_ENGINE_FLAGS: Final = {  # `gpufleet engine sim` flags a fleet file's `args` may set
+    "--max-num-seqs": ("max_num_seqs", int),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "--max-model-len": ("max_model_len", int),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", float),
+    "--num-gpu-blocks-override": ("num_gpu_blocks_override", int),
+    "--block-size": ("block_size", int),
+}
+_IGNORED_FLAGS: Final = frozenset({"--time-scale", "--seed"})
+"""Real-time pacing and the engine's own seed mean nothing here (the run's seed rules)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """How to run: the seed, the sampling period and the SLOs (None: not judged)."""
+
+    seed: int = 0
+    sample_interval: float = 10.0
+    """Simulated seconds between two samples of every replica (KV usage, load)."""
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    fast_forward: bool = True
+
+
+def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
+    """The replica model a fleet file's entry describes (its engine flags included)."""
+    try:
+        spec, gpu = get_model(model.served_model), get_gpu(model.gpu)
+    except CatalogError as error:
+        raise ValueError(f"model {model.name!r}: {error}") from None
+    fields: dict[str, Any] = {}
+    args = list(model.args)
+    while args:
+        flag, _, value = args.pop(0).partition("=")
+        if not value and args and flag in _ENGINE_FLAGS | dict.fromkeys(_IGNORED_FLAGS):
+            value = args.pop(0)
+        if flag in _IGNORED_FLAGS:
+            continue
+        if flag not in _ENGINE_FLAGS:
+            raise ValueError(f"model {model.name!r}: args: {flag} is not modelled by simulate")
+        name, kind = _ENGINE_FLAGS[flag]
+        try:
+            fields[name] = kind(value)
+        except ValueError:
+            raise ValueError(f"model {model.name!r}: args: {flag} {value!r}") from None
+    return ReplicaConfig(spec, gpu, tp=model.tp, seed=seed, **fields)
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Samples every ``interval`` simulated seconds, one row per sample."""
+
+    interval: float
+    t: list[float] = field(default_factory=list)
+    arrivals: list[int] = field(default_factory=list)
+    """Requests that arrived since the previous sample."""
+    in_flight: list[int] = field(default_factory=list)
+    replicas: list[int] = field(default_factory=list)
+    """Replicas serving (all of them until faults and scaling are modelled)."""
+    kv_usage: list[list[float]] = field(default_factory=list)
+    """Per sample, per replica."""
+    busy: list[list[float]] = field(default_factory=list)
+    """Per sample, per replica: share of the interval before it spent in steps."""
+
+
+class FleetSimulation:
+    """One fleet file, one trace, one seed."""
+
+    def __init__(self, fleet: FleetConfig, options: SimOptions = SimOptions()) -> None:
+        self.fleet = fleet
+        self.options = options
+        models: list[ReplicaModel] = []
+        pools: list[SimPool] = []
+        for entry in fleet.models:
+            config = replica_config(entry, options.seed)
+            count = entry.replica_count
+            pools.append(SimPool(entry.name, entry.routing, count))
+            models.extend(ReplicaModel(config) for _ in range(count))
+        self.routing = PolicyRouting(
+            pools, seed=options.seed, scrape_interval=fleet.gateway.scrape_interval
+        )
+        vocab = min(m.config.model.vocab_size for m in models)  # ids valid for every model
+        self.harness = FleetHarness(
+            models,
+            PromptBuilder(vocab, options.seed),
+            routing=self.routing,
+            fast_forward=options.fast_forward,
+        )
+        self.replica_ids = list(self.routing.replica_ids)
+        self.replica_models = [p.name for p in pools for _ in range(p.replicas)]
+        self.timeline = Timeline(options.sample_interval)
+        self._arrived_at_sample = 0
+        self._busy_at_sample = [0.0] * len(models)
+
+    @property
+    def now(self) -> float:
+        return self.harness.kernel.now
+
+    @property
+    def events(self) -> int:
+        return self.harness.kernel.events_processed
+
+    def start(self, trace: Iterable[TraceRequest]) -> None:
+        self.harness.start(trace)
+        self.routing.attach(self.harness)
+        self.harness.every(self.options.sample_interval, self._sample)
+
+    def run(self, until: float | None = None) -> None:
+        self.harness.run(until)
+
+    def _sample(self, now: float) -> None:
+        timeline, drivers = self.timeline, self.harness.drivers
+        timeline.t.append(now)
+        delivered = self.routing.routed
+        timeline.arrivals.append(delivered - self._arrived_at_sample)
+        self._arrived_at_sample = delivered
+        timeline.in_flight.append(self.harness.live)
+        timeline.replicas.append(len(drivers))
+        timeline.kv_usage.append([min(1.0, d.model.stats().kv_cache_usage) for d in drivers])
+        span = timeline.interval if len(timeline.t) > 1 else 0.0
+        busy = [d.busy_s for d in drivers]
+        timeline.busy.append(
+            [
+                min(1.0, (b - a) / span) if span else 0.0
+                for a, b in zip(self._busy_at_sample, busy, strict=True)
+            ]
+        )
+        self._busy_at_sample = busy
+
+    # -- the report -----------------------------------------------------------------------
+
+    def report(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Everything measured, as plain JSON values (see docs/simulator.md)."""
+        return build_report(self, inputs)
+
+    def latencies(self) -> dict[str, dict[str, list[float]]]:
+        """Per model, the sorted TTFT and end-to-end latencies of the requests served."""
+        models = self.replica_models
+        out: dict[str, dict[str, list[float]]] = {
+            m.name: {"ttft": [], "e2e": []} for m in self.fleet.models
+        }
+        for record in self.harness.recorder.log:
+            if record.ttft_s is not None:
+                mine = out[models[record.replica]]
+                mine["ttft"].append(record.ttft_s)
+                mine["e2e"].append(record.e2e_s)
+        for values in out.values():
+            values["ttft"].sort()
+            values["e2e"].sort()
+        return out
+
+
+def _q(values: Sequence[float]) -> dict[str, float | None]:
+    """Lower-rank quantiles of sorted ``values`` (the value at rank ⌊q·(n-1)⌋), and the mean."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    n = len(values)
+    out: dict[str, float | None] = {
+        f"p{round(q * 100)}": _r(values[math.floor(q * (n - 1))]) for q in QUANTILES
+    }
+    out["mean"] = _r(math.fsum(values) / n)
+    return out
+
+
+def _hq(hist: LogHistogram) -> dict[str, float | None]:
+    out: dict[str, float | None] = {f"p{round(q * 100)}": _r(hist.quantile(q)) for q in QUANTILES}
+    out["mean"] = _r(hist.mean)
+    return out
+
+
+def _r(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+@dataclass(slots=True)
+class _Group:
+    """One model's (or the whole fleet's) requests."""
+
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    requests: int = 0
+    rejected: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    good: int = 0
+
+    def add(self, r: RequestRecord, ttft_slo: float | None, tpot_slo: float | None) -> None:
+        self.requests += 1
+        if r.rejected:
+            self.rejected += 1
+            return
+        ttft, tpot = r.ttft_s, r.tpot_s
+        assert ttft is not None
+        self.ttft.append(ttft)
+        self.e2e.append(r.e2e_s)
+        if tpot is not None:
+            self.tpot.append(tpot)
+        self.input_tokens += r.input_tokens
+        self.output_tokens += r.output_tokens
+        self.cached_tokens += r.cached_tokens
+        if (ttft_slo is None or ttft <= ttft_slo) and (
+            tpot_slo is None or tpot is None or tpot <= tpot_slo
+        ):
+            self.good += 1
+
+
+def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]:
+    options = sim.options
+    drivers = sim.harness.drivers
+    models = sim.replica_models
+    groups: dict[str, _Group] = {m.name: _Group() for m in sim.fleet.models}
+    overall = _Group()
+    served = [0] * len(drivers)
+    makespan = 0.0
+    """From 0 to the last request's end: what the fleet ran (and is paid) for."""
+    for record in sim.harness.recorder.log:
+        served[record.replica] += 1
+        makespan = max(makespan, record.finish_s)
+        groups[models[record.replica]].add(record, options.ttft_slo_s, options.tpot_slo_s)
+        overall.add(record, options.ttft_slo_s, options.tpot_slo_s)
+    recorder = sim.harness.recorder
+    itl: dict[str, LogHistogram] = {name: LogHistogram() for name in groups}
+    for i, model in enumerate(models):
+        itl[model].merge(recorder.replica_itl(i))
+    stats = [d.model.stats() for d in drivers]
+    preemptions: dict[str, int] = dict.fromkeys(groups, 0)
+    for model, s in zip(models, stats, strict=True):
+        preemptions[model] += s.num_preemptions
+
+    def metrics(group: _Group, hist: LogHistogram, preempted: int) -> dict[str, Any]:
+        for values in (group.ttft, group.e2e, group.tpot):
+            values.sort()
+        span = makespan if makespan > 0 else math.nan
+        out: dict[str, Any] = {
+            "requests": group.requests,
+            "rejected": group.rejected,
+            "ttft_s": _q(group.ttft),
+            "itl_s": _hq(hist),
+            "tpot_s": _q(group.tpot),
+            "e2e_s": _q(group.e2e),
+            "throughput": {
+                "requests_per_s": _r(_finite(group.requests - group.rejected, span), 4),
+                "input_tokens_per_s": _r(_finite(group.input_tokens, span), 2),
+                "output_tokens_per_s": _r(_finite(group.output_tokens, span), 2),
+            },
+            "prefix_hit_rate": _r(group.cached_tokens / group.input_tokens, 4)
+            if group.input_tokens
+            else None,
+            "preemptions": preempted,
+        }
+        if options.ttft_slo_s is not None or options.tpot_slo_s is not None:
+            out["slo"] = {
+                "ttft_ms": None if options.ttft_slo_s is None else options.ttft_slo_s * 1000,
+                "tpot_ms": None if options.tpot_slo_s is None else options.tpot_slo_s * 1000,
+                "attainment": _r(group.good / group.requests, 4) if group.requests else None,
+                "goodput_requests_per_s": _r(_finite(group.good, span), 4),
+            }
+        return out
+
+    all_itl = recorder.itl
+    per_model = {
+        name: metrics(group, itl[name], preemptions[name]) for name, group in groups.items()
+    }
+    overall_metrics = metrics(overall, all_itl, sum(preemptions.values()))
+
+    hours = makespan / 3600.0
+    cost_models: dict[str, Any] = {}
+    for entry in sim.fleet.models:
+        gpus = entry.tp * entry.replica_count
+        price = get_gpu(entry.gpu).price_per_hour_usd
+        cost_models[entry.name] = {
+            "gpu": entry.gpu,
+            "gpus": gpus,
+            "usd_per_gpu_hour": price,
+            "gpu_hours": _r(gpus * hours, 4),
+            "usd": _r(gpus * hours * price, 2),
+        }
+    timeline = sim.timeline
+    replicas = []
+    for i, (rid, driver, s) in enumerate(zip(sim.replica_ids, drivers, stats, strict=True)):
+        kv = [row[i] for row in timeline.kv_usage]
+        replicas.append(
+            {
+                "id": rid,
+                "model": models[i],
+                "utilisation": _r(driver.busy_s / makespan, 4) if makespan > 0 else None,
+                "steps": driver.steps,
+                "requests": served[i],
+                "preemptions": s.num_preemptions,
+                "prefix_cache_hit_rate": _r(s.prefix_cache_hits / s.prefix_cache_queries, 4)
+                if s.prefix_cache_queries
+                else None,
+                "kv_usage_mean": _r(math.fsum(kv) / len(kv), 4) if kv else None,
+                "kv_usage_max": _r(max(kv), 4) if kv else None,
+            }
+        )
+    return {
+        "inputs": inputs,
+        "fleet": [
+            {
+                "model": m.name,
+                "served_model": m.served_model,
+                "gpu": m.gpu,
+                "tp": m.tp,
+                "replicas": m.replica_count,
+                "routing": m.routing.policy,
+            }
+            for m in sim.fleet.models
+        ],
+        "simulated_s": _r(makespan),
+        "overall": overall_metrics,
+        "models": per_model,
+        "cost": {
+            "gpu_hours": _r(sum(c["gpu_hours"] for c in cost_models.values()), 4),
+            "usd": _r(sum(c["usd"] for c in cost_models.values()), 2),
+            "models": cost_models,
+        },
+        "replicas": replicas,
+        "timeline": {
+            "interval_s": timeline.interval,
+            "t": [_r(t, 3) for t in timeline.t],
+            "arrivals": timeline.arrivals,
+            "in_flight": timeline.in_flight,
+            "replicas": timeline.replicas,
+            "kv_usage": {
+                rid: [_r(row[i], 4) for row in timeline.kv_usage]
+                for i, rid in enumerate(sim.replica_ids)
+            },
+            "busy": {
+                rid: [_r(row[i], 4) for row in timeline.busy]
+                for i, rid in enumerate(sim.replica_ids)
+            },
+        },
+        "routing": {
+            "scrapes": sim.routing.scrapes,
+            "scrape_interval_s": sim.routing.scrape_interval,
+            "routed": sim.routing.routed,
+            "matched_prefix_blocks": sim.routing.matched_blocks,
+        },
+        "digest": recorder.digest(),
+    }
+
+
+def _finite(count: float, span: float) -> float | None:
+    value = count / span
+    return value if math.isfinite(value) else None
