@@ -8,6 +8,7 @@ in-flight requests finish), then the runtime drains and stops every replica.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import tempfile
 from collections.abc import Callable, Sequence
@@ -20,7 +21,14 @@ from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._errors import user_errors
 from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, load_fleet
-from gpufleet.gateway import ReplicaSource, Upstream, create_gateway
+from gpufleet.gateway import (
+    ReplicaSource,
+    Upstream,
+    create_gateway,
+    no_spare_message,
+    required_replicas,
+)
+from gpufleet.policy import Redundancy
 from gpufleet.runtime import (
     EngineKind,
     EngineSpec,
@@ -94,9 +102,21 @@ def up(
         asyncio.run(_serve(config, pools, sock, logs))
 
 
+def spare_warnings(config: FleetConfig, snapshot: RuntimeSnapshot) -> list[str]:
+    """One ``warning:`` line per pool that starts without a spare replica for N+1."""
+    lines = []
+    for model in config.models:
+        check = Redundancy(model.name, len(snapshot.ready(model.name)), required_replicas(model))
+        if not check.spare:
+            lines.append(f"warning: {no_spare_message(check)}")
+    return lines
+
+
 async def _serve(
     config: FleetConfig, pools: list[PoolSpec], sock: socket.socket, run_dir: Path
 ) -> None:
+    # the gateway's and the runtime's warnings (N+1 lost, a replica restarted) on stderr
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
     registry = CollectorRegistry()
     count = sum(p.replicas for p in pools)
     typer.echo(f"gpufleet up: {len(pools)} model(s), {count} replica(s), logs in {run_dir}")
@@ -113,6 +133,8 @@ async def _serve(
             where = replica.url or "-"
             pid = f"pid {replica.pid}" if replica.pid is not None else replica.engine.value
             typer.echo(f"  replica {replica.name:<24} {replica.state.value:<9} {where}  {pid}")
+        for line in spare_warnings(config, snapshot):
+            typer.echo(line)
         app = create_gateway(config, RuntimeReplicas(runtime), registry)
         server = uvicorn.Server(
             uvicorn.Config(

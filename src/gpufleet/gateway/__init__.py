@@ -15,9 +15,11 @@ from gpufleet.gateway._errors import (
     ReplicaOriginError,
     UpstreamError,
 )
+from gpufleet.gateway._http11 import Http11ReplicaClient
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, StaticReplicas, Upstream
 from gpufleet.gateway._scrape import parse_engine_metrics
+from gpufleet.gateway._state import no_spare_message, required_replicas
 from gpufleet.gateway._upstream import (
     HttpReplicaClient,
     ReplicaClient,
@@ -30,6 +32,7 @@ __all__ = [
     "Gateway",
     "GatewayError",
     "GatewayMetrics",
+    "Http11ReplicaClient",
     "HttpReplicaClient",
     "LocalOriginError",
     "ModelNotFoundError",
@@ -43,5 +46,7 @@ __all__ = [
     "UpstreamRequest",
     "UpstreamResponse",
     "create_gateway",
+    "no_spare_message",
     "parse_engine_metrics",
+    "required_replicas",
 ]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack
 from typing import Any, Final
@@ -47,11 +47,12 @@ from gpufleet.gateway._errors import (
     error_body,
     error_event,
 )
+from gpufleet.gateway._http11 import Http11ReplicaClient
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._state import FleetState, Pool
-from gpufleet.gateway._upstream import HttpReplicaClient, ReplicaClient, UpstreamRequest
+from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -92,6 +93,8 @@ class Gateway:
         self._created = int(time.time())
         self._active = 0
         self._active_retries = 0
+        self._id_prefix = os.urandom(8).hex()
+        self._count = 0
         gateway = config.gateway
         self._timeouts = gateway.timeouts
         self._retry = gateway.retry
@@ -126,7 +129,8 @@ class Gateway:
                 request_id = value.decode("latin-1")
                 break
         if request_id is None:
-            request_id = uuid.uuid4().hex
+            self._count += 1
+            request_id = f"{self._id_prefix}{self._count:016x}"
         rid = (b"x-request-id", request_id.encode("latin-1"))
         path, method = scope["path"], scope["method"]
         started = False
@@ -194,9 +198,9 @@ class Gateway:
             async with AsyncExitStack() as stack:
                 if self._client is None:
                     self._client = await stack.enter_async_context(
-                        HttpReplicaClient(
+                        Http11ReplicaClient(
                             connect=self._timeouts.connect,
-                            max_connections=self.config.gateway.max_connections,
+                            max_idle=self.config.gateway.max_connections,
                         )
                     )
                 stack.callback(self._source.subscribe(self.fleet.set_replicas))
@@ -312,8 +316,8 @@ class Gateway:
             raise error from None
         finally:
             self._active -= 1
-            self.metrics.requests.labels(model, str(status)).inc()
-            self.metrics.e2e.labels(model).observe(self._clock() - arrived)
+            self.metrics.child(self.metrics.requests, model, str(status)).inc()
+            self.metrics.child(self.metrics.e2e, model).observe(self._clock() - arrived)
 
     async def _until_disconnect(self, receive: Receive, work: Awaitable[int]) -> int:
         """Run ``work``; if the client disconnects first, cancel it (and its upstream)."""
@@ -349,14 +353,16 @@ class Gateway:
         now = self._clock()
         ranking = pool.router.rank(now, request, self.fleet.view)
         metrics = self.metrics
-        metrics.routing.labels(model, ranking.policy, "true" if ranking.panic else "false").inc()
+        metrics.child(
+            metrics.routing, model, ranking.policy, "true" if ranking.panic else "false"
+        ).inc()
         candidates = ranking.replicas()[: 1 + self._retry.max_retries]
         if not candidates:
             raise NoReplicaError(
                 f"no replica of `{model}` can take the request now",
                 self.config.gateway.retry_after,
             )
-        metrics.overhead.labels(model).observe(now - arrived)
+        metrics.child(metrics.overhead, model).observe(now - arrived)
         stream = payload.get("stream") is True
         headers = [("content-type", "application/json"), ("x-request-id", request_id)]
         last: UpstreamError | None = None
@@ -367,16 +373,16 @@ class Gateway:
             retry = attempt > 0
             if retry:
                 if not self._may_retry():
-                    metrics.retries_refused.labels(model).inc()
+                    metrics.child(metrics.retries_refused, model).inc()
                     break
                 reason = last.outcome.value if last is not None else "unknown"
-                metrics.retries.labels(model, reason).inc()
+                metrics.child(metrics.retries, model, reason).inc()
                 self._active_retries += 1
             else:
-                metrics.prefix_match.labels(model).observe(ranking.matched(replica))
+                metrics.child(metrics.prefix_match, model).observe(ranking.matched(replica))
             upstream_request = UpstreamRequest(upstream.url, path, body, headers)
             pool.router.on_request_start(self._clock(), request, replica)
-            in_flight = metrics.in_flight.labels(replica)
+            in_flight = metrics.child(metrics.in_flight, replica)
             in_flight.inc()
             outcome = Outcome.CANCELLED
             try:
@@ -392,7 +398,7 @@ class Gateway:
                 in_flight.dec()
                 end = self._clock()
                 pool.router.on_request_end(end, request, replica, outcome)
-                metrics.attempts.labels(replica, outcome.value).inc()
+                metrics.child(metrics.attempts, replica, outcome.value).inc()
                 self.fleet.on_event(end, model, RequestFinished(replica, outcome))
         why = f": {last}" if last is not None else ""
         raise NoReplicaError(
@@ -429,7 +435,9 @@ class Gateway:
                     outcome = Outcome.SUCCESS if status < 400 else Outcome.CLIENT_ERROR
                     if not stream or status >= 400:
                         whole = b"".join([c async for c in chunks])
-                        self.metrics.ttft.labels(model).observe(self._clock() - arrived)
+                        self.metrics.child(self.metrics.ttft, model).observe(
+                            self._clock() - arrived
+                        )
                         await send(
                             {
                                 "type": "http.response.start",
@@ -440,7 +448,7 @@ class Gateway:
                         await send({"type": "http.response.body", "body": whole})
                         return status, outcome
                     first = await anext(chunks, b"")
-                    self.metrics.ttft.labels(model).observe(self._clock() - arrived)
+                    self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
                     await send(
                         {
                             "type": "http.response.start",
@@ -451,12 +459,18 @@ class Gateway:
                     sent = True
                     await send({"type": "http.response.body", "body": first, "more_body": True})
                     tail = first[-2:]
+                    # the idle deadline moves at most every idle/2: it falls between idle
+                    # and 1.5 × idle after the last chunk, without a timer per chunk
                     idle = timeouts.idle_stream
-                    deadline.reschedule(loop.time() + idle)
+                    due = loop.time() + 1.5 * idle
+                    deadline.reschedule(due)
                     async for chunk in chunks:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        tail = chunk[-2:]
-                        deadline.reschedule(loop.time() + idle)
+                        tail = chunk
+                        now = loop.time()
+                        if due - now < idle:
+                            due = now + 1.5 * idle
+                            deadline.reschedule(due)
                     await send({"type": "http.response.body", "body": b""})
                     return status, outcome
         except TimeoutError:

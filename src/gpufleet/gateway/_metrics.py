@@ -6,6 +6,8 @@ not ``labels()`` calls.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (
@@ -18,7 +20,17 @@ _BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 class GatewayMetrics:
     """Every gateway metric (names in docs/gateway.md)."""
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: the hot path's way to a labelled child (only
+        for labels never removed: models, replicas' request counters)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         p = "gpufleet:gateway_"
         self.requests = Counter(
             p + "requests", "Requests answered, by model and HTTP status.",

@@ -10,11 +10,18 @@ handlers call it, and it calls the pure policies::
 The routing view is rebuilt when something changes, never per request. A replica the health
 policy has not yet decided on is ``STARTING`` (not routable), so a new or restarted replica
 takes traffic only after its first probe answers.
+
+N+1: a pool of ``replicas: n`` needs N = max(n - 1, 1) routable replicas and one spare. The
+``pool_without_spare`` gauge follows every view; a warning is logged (``gpufleet.gateway``)
+once each time a pool loses its spare, and an info line when it has one again. Until a pool
+has been judged (no replica still ``STARTING``, or a spare seen once) nothing is logged, so a
+fleet starting up does not warn.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
@@ -30,9 +37,31 @@ from gpufleet.fleet import (
 )
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import Upstream
-from gpufleet.policy import HealthDecision, HealthPolicy, Router, make_router, redundancy
+from gpufleet.policy import (
+    HealthDecision,
+    HealthPolicy,
+    Redundancy,
+    Router,
+    make_router,
+    redundancy,
+)
+
+logger = logging.getLogger("gpufleet.gateway")
 
 _STATES = tuple(ReplicaState)
+
+
+def required_replicas(model: ModelConfig) -> int:
+    """N of N+1 for a pool: all of its replicas but the spare (at least one)."""
+    return max(model.replica_count - 1, 1)
+
+
+def no_spare_message(check: Redundancy) -> str:
+    """The N+1 warning for a pool without a spare (logged, and printed by ``gpufleet up``)."""
+    return (
+        f"pool {check.model!r} has no spare replica for N+1 redundancy: "
+        f"{check.routable} routable, {check.required} needed + 1 spare"
+    )
 
 
 @dataclass(slots=True)
@@ -71,6 +100,8 @@ class FleetState:
         self._clock = clock
         self._wake = wake
         self.view = FleetView.of(clock(), ())
+        self.spare: dict[str, bool | None] = dict.fromkeys(self.pools)
+        """Each pool's last judged N+1 state (``None`` until judged)."""
         for name in self.pools:
             metrics.routable.labels(name).set(0)
 
@@ -161,9 +192,28 @@ class FleetState:
                 gauge.labels(replica.id, state.value).set(1 if replica.state is state else 0)
         for name, pool in self.pools.items():
             self._metrics.routable.labels(name).set(len(view.routable(name)))
-            needed = max(pool.config.replica_count - 1, 1)
-            spare = redundancy(view, name, required=needed).spare
-            self._metrics.no_spare.labels(name).set(0 if spare else 1)
+            check = redundancy(view, name, required=required_replicas(pool.config))
+            self._metrics.no_spare.labels(name).set(0 if check.spare else 1)
+            self._judge_spare(check, view)
+
+    def _judge_spare(self, check: Redundancy, view: FleetView) -> None:
+        """Log a pool's N+1 transitions, once each."""
+        last = self.spare[check.model]
+        if last is check.spare:
+            return
+        if (
+            last is None
+            and not check.spare
+            and any(r.state is ReplicaState.STARTING for r in view.pool(check.model))
+        ):
+            return  # still starting up: not judged yet
+        self.spare[check.model] = check.spare
+        if not check.spare:
+            logger.warning(no_spare_message(check))
+        elif last is not None:
+            logger.info(
+                "pool %r has a spare replica again (%d routable)", check.model, check.routable
+            )
 
     # -- questions ------------------------------------------------------------------------
 
