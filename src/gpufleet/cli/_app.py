@@ -5,7 +5,14 @@ from __future__ import annotations
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli import _catalog_cmd, _engine_cmd, _plan_cmd, _simulate_cmd, _up_cmd
+from gpufleet.cli import (
+    _catalog_cmd,
+    _deploy_cmd,
+    _engine_cmd,
+    _plan_cmd,
+    _simulate_cmd,
+    _up_cmd,
+)
 
 app = typer.Typer(
     name="gpufleet",
@@ -19,6 +26,7 @@ app.command("up")(_up_cmd.up)
 app.command("simulate")(_simulate_cmd.simulate)
 app.add_typer(_catalog_cmd.app, name="catalog")
 app.add_typer(_engine_cmd.app, name="engine")
+app.add_typer(_deploy_cmd.app, name="deploy")
 
 
 @app.command()

@@ -1,0 +1,96 @@
+"""``gpufleet deploy k8s``: the fleet file as Kubernetes manifests, one YAML file per object.
+
+The command reads and validates the fleet file (the same one ``gpufleet up`` serves), hands
+the runtime's pools and the file's text to the pure renderer, and writes what it returns.
+It talks to no cluster: apply the directory with ``kubectl apply -f DIR``
+(docs/kubernetes.md).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufleet.cli._errors import user_errors
+from gpufleet.cli._up_cmd import pool_spec
+from gpufleet.config import DEFAULT_FLEET, FleetConfig, load_fleet
+from gpufleet.runtime.kubernetes import (
+    GATEWAY_IMAGE,
+    VLLM_TAG,
+    ClusterFleet,
+    manifest_files,
+    notes,
+    render,
+)
+
+app = typer.Typer(
+    help="Render the fleet for a cluster manager (writes files; talks to no cluster).",
+    no_args_is_help=True,
+)
+
+
+def cluster_fleet(config: FleetConfig, fleet_yaml: str) -> ClusterFleet:
+    """The renderer's input: the runtime's pools, the file as written, and the drain time.
+
+    A stopping replica drains for the gateway's ``first_byte`` timeout: that bounds a whole
+    non-streaming answer, so no request the gateway still waits for is cut short.
+    """
+    return ClusterFleet(
+        pools=tuple(pool_spec(m) for m in config.models),
+        fleet_yaml=fleet_yaml,
+        drain_s=math.ceil(config.gateway.timeouts.first_byte),
+    )
+
+
+@app.command("k8s")
+def k8s(
+    out: Annotated[Path, typer.Option(help="Directory for the manifests (created if needed).")],
+    fleet: Annotated[
+        Path | None,
+        typer.Option(help="Fleet file (YAML); default: the packaged local sim fleet."),
+    ] = None,
+    namespace: Annotated[str, typer.Option(help="Namespace of every object.")] = "gpufleet",
+    image_tag: Annotated[str, typer.Option(help="Tag of the vllm/vllm-openai image.")] = VLLM_TAG,
+    gateway_image: Annotated[
+        str, typer.Option(help="The gpufleet image (gateway and sim engines).")
+    ] = GATEWAY_IMAGE,
+    servicemonitor: Annotated[
+        bool, typer.Option(help="Also write Prometheus Operator ServiceMonitors.")
+    ] = False,
+) -> None:
+    """Write Kubernetes manifests for a fleet file: one YAML file per object into --out.
+
+    Example: gpufleet deploy k8s --fleet examples/local-sim.yaml --out k8s/
+    """
+    with user_errors():
+        path = fleet or DEFAULT_FLEET
+        config = load_fleet(path)
+        spec = cluster_fleet(config, path.read_text())
+        objects = render(
+            spec,
+            namespace,
+            image_tag,
+            gateway_image=gateway_image,
+            service_monitor=servicemonitor,
+        )
+        files = manifest_files(objects)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            stale = sorted(
+                p.name for p in out.glob("*.yaml") if p.name not in {name for name, _ in files}
+            )
+            for name, text in files:
+                (out / name).write_text(text)
+        except OSError as error:
+            raise ValueError(f"{out}: cannot write: {error.strerror or error}") from None
+    for line in notes(spec):
+        typer.echo(f"note: {line}")
+    typer.echo(f"wrote {len(files)} manifest(s) to {out} (namespace {namespace})")
+    if stale:
+        typer.echo(
+            f"warning: {out} also holds {len(stale)} other YAML file(s) that "
+            f"`kubectl apply -f {out}` would apply too: {', '.join(stale)}"
+        )

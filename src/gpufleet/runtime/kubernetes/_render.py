@@ -1,0 +1,447 @@
+"""Kubernetes objects for a fleet: a pure function from plain data to manifests.
+
+``render(fleet, namespace, image_tag)`` returns the objects in the order they should be
+applied (the namespace, the gateway's identity and rights, its config, the gateway, then
+each pool), as plain dicts that ``yaml.safe_dump`` writes as they are::
+
+    Namespace               gpufleet
+    ServiceAccount, Role, RoleBinding, ConfigMap, Deployment, Service    gpufleet-gateway
+    Deployment, Service (headless), PodDisruptionBudget                  per sim/vllm pool
+    ServiceMonitor          gpufleet-gateway, gpufleet-engines          (service_monitor=True)
+
+An ``external`` pool renders nothing: someone else runs its replicas (``notes`` says so).
+
+Nothing here reads a file, the clock or the environment, and every name is derived from the
+fleet, so rendering the same fleet twice gives the same objects, in the same order.
+
+The drain of a replica pod, from the moment Kubernetes decides to stop it::
+
+    0 s          PRESTOP_S                 PRESTOP_S + drain_s          grace period
+    |-- preStop sleep --|-- SIGTERM: the engine drains --|-- spare --|-- SIGKILL
+    endpoints drop the pod; routers stop picking it      in-flight requests finish
+
+``drain_s`` is vLLM's ``--shutdown-timeout`` (vLLM ≥ 0.18); the grace period covers all three.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpufleet.perf import EngineLimits
+from gpufleet.runtime._spec import EngineKind, PoolSpec
+from gpufleet.runtime.kubernetes._gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_product
+
+Manifest = dict[str, Any]
+"""One Kubernetes object, as ``kubectl apply`` reads it from YAML."""
+
+VLLM_IMAGE: Final = "vllm/vllm-openai"
+VLLM_TAG: Final = "v0.18.0"
+"""The default engine image tag: the first vLLM release with ``--shutdown-timeout``."""
+GATEWAY_IMAGE: Final = "gpufleet:0.1.0"
+"""The gpufleet image (gateway and sim engines). No public image exists: build and push one
+(docs/kubernetes.md), then pass its reference as ``gateway_image``."""
+
+PORT: Final = 8000
+"""The port every container listens on (engine and gateway), named ``http``."""
+PRESTOP_S: Final = 15
+"""Seconds between a pod's removal from its endpoints and its SIGTERM (see the diagram)."""
+GRACE_SPARE_S: Final = 15
+"""Seconds left after the drain for the process to exit before SIGKILL."""
+MODEL_LOAD_BUDGET_S: Final = 1800
+"""How long a vLLM pod may take to download and load its weights before it is restarted."""
+SIM_START_BUDGET_S: Final = 120
+SHM_SIZE: Final = "16Gi"
+"""``/dev/shm`` for NCCL and vLLM's worker processes (counted only as it is used)."""
+FLEET_KEY: Final = "fleet.yaml"
+FLEET_DIR: Final = "/etc/gpufleet"
+
+GATEWAY: Final = "gpufleet-gateway"
+ENGINES_MONITOR: Final = "gpufleet-engines"
+PART_OF: Final = "gpufleet"
+COMPONENT_LABEL: Final = "gpufleet/component"
+POOL_LABEL: Final = "gpufleet/pool"
+ENGINE_LABEL: Final = "gpufleet/engine"
+FLEET_HASH: Final = "gpufleet/fleet-sha256"
+"""Pod-template annotation: a changed fleet file rolls the gateway's pods."""
+
+_NAME_MAX: Final = 63
+_LABEL: Final = re.compile(r"[a-z]([a-z0-9-]*[a-z0-9])?")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterFleet:
+    """What ``render`` needs from a fleet file, as plain data (the runtime reads no config).
+
+    ``pools`` are the runtime's pools (``gpufleet up`` builds the same ones); ``fleet_yaml``
+    is the fleet file as written, for the gateway's ConfigMap; ``drain_s`` bounds how long a
+    stopping replica waits for its in-flight requests.
+    """
+
+    pools: tuple[PoolSpec, ...]
+    fleet_yaml: str
+    drain_s: int = 60
+    gateway_replicas: int = 1
+    """One: the fleet file has no shared store (Redis) yet, and the gateway keeps its routing
+    and health state in memory, so two would route without seeing each other's load."""
+
+    def __post_init__(self) -> None:
+        if self.drain_s < 0:
+            raise ValueError(f"drain_s must be >= 0, got {self.drain_s}")
+        if self.gateway_replicas < 1:
+            raise ValueError(f"gateway_replicas must be >= 1, got {self.gateway_replicas}")
+
+
+def render(
+    fleet: ClusterFleet,
+    namespace: str = "gpufleet",
+    image_tag: str = VLLM_TAG,
+    *,
+    gateway_image: str = GATEWAY_IMAGE,
+    service_monitor: bool = False,
+) -> list[Manifest]:
+    """Every object of the fleet, in apply order. ``ValueError`` for what cannot be rendered
+    (a namespace or pool that makes no valid object name, a GPU without a node label)."""
+    if not _LABEL.fullmatch(namespace) or len(namespace) > _NAME_MAX:
+        raise ValueError(f"namespace {namespace!r} is not a DNS label (a-z, 0-9, '-')")
+    pools = [p for p in fleet.pools if p.engine.kind is not EngineKind.EXTERNAL]
+    names = pool_object_names(pools)
+    ctx = _Context(namespace, f"{VLLM_IMAGE}:{image_tag}", gateway_image, fleet.drain_s)
+    objects: list[Manifest] = [_namespace(namespace)]
+    objects += _gateway(ctx, fleet, [names[p.name] for p in pools])
+    for pool in pools:
+        objects += _pool(ctx, pool, names[pool.name])
+    if service_monitor:
+        objects += [
+            _service_monitor(ctx, GATEWAY, "gateway"),
+            _service_monitor(ctx, ENGINES_MONITOR, "engine"),
+        ]
+    return objects
+
+
+def notes(fleet: ClusterFleet) -> list[str]:
+    """One line per pool that renders nothing (``external``), for the command to print."""
+    return [
+        f"{p.name}: external ({', '.join(p.engine.endpoints)}): nothing rendered, the gateway "
+        "routes to these endpoints"
+        for p in fleet.pools
+        if p.engine.kind is EngineKind.EXTERNAL
+    ]
+
+
+def pool_object_names(pools: Sequence[PoolSpec]) -> dict[str, str]:
+    """Each pool's object name: its name as a DNS-1035 label (``llama-3.1-8b`` →
+    ``llama-3-1-8b``). Services need that form; a long name is cut and given a hash suffix."""
+    names: dict[str, str] = {}
+    for pool in pools:
+        name = pool.name.replace(".", "-")
+        if not name[0].isalpha():
+            name = f"pool-{name}"
+        if len(name) > _NAME_MAX:
+            digest = hashlib.sha256(pool.name.encode()).hexdigest()[:8]
+            name = f"{name[: _NAME_MAX - 9].rstrip('-')}-{digest}"
+        taken = {*names.values(), GATEWAY, ENGINES_MONITOR}
+        if name in taken:
+            raise ValueError(f"pool {pool.name!r}: its object name {name!r} is already taken")
+        names[pool.name] = name
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    namespace: str
+    vllm_image: str
+    gateway_image: str
+    drain_s: int
+
+    def meta(self, name: str, labels: Mapping[str, str]) -> Manifest:
+        return {"name": name, "namespace": self.namespace, "labels": dict(labels)}
+
+
+def _labels(component: str, **more: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": "gpufleet",
+        COMPONENT_LABEL: component,
+        **more,
+    }
+
+
+def _namespace(namespace: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": namespace, "labels": {"app.kubernetes.io/part-of": PART_OF}},
+    }
+
+
+# --- the gateway -----------------------------------------------------------------------------
+
+
+def _gateway(ctx: _Context, fleet: ClusterFleet, deployments: Sequence[str]) -> list[Manifest]:
+    labels = _labels("gateway")
+    selector = {COMPONENT_LABEL: "gateway", "app.kubernetes.io/part-of": PART_OF}
+    meta = ctx.meta(GATEWAY, labels)
+    rules: list[Manifest] = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+    ]
+    if deployments:  # resourceNames: the scale of its own pools, and no other Deployment's
+        rules.append(
+            {
+                "apiGroups": ["apps"],
+                "resources": ["deployments/scale"],
+                "resourceNames": list(deployments),
+                "verbs": ["get", "patch"],
+            }
+        )
+    fleet_hash = hashlib.sha256(fleet.fleet_yaml.encode()).hexdigest()
+    container = {
+        "name": "gateway",
+        "image": ctx.gateway_image,
+        "command": ["gpufleet", "up"],
+        "args": [
+            *("--fleet", f"{FLEET_DIR}/{FLEET_KEY}"),
+            *("--host", "0.0.0.0", "--port", str(PORT)),
+        ],
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "startupProbe": _probe("/health", period=2, failures=SIM_START_BUDGET_S // 2),
+        "readinessProbe": _probe("/ready", period=5, failures=2),
+        "livenessProbe": _probe("/health", period=10, failures=3),
+        "volumeMounts": [{"name": "fleet", "mountPath": FLEET_DIR, "readOnly": True}],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": GATEWAY},
+            "subjects": [{"kind": "ServiceAccount", "name": GATEWAY, "namespace": ctx.namespace}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta,
+            "data": {FLEET_KEY: fleet.fleet_yaml},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": fleet.gateway_replicas,
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": {FLEET_HASH: fleet_hash}},
+                    "spec": {
+                        "serviceAccountName": GATEWAY,
+                        "enableServiceLinks": False,
+                        "terminationGracePeriodSeconds": _grace(ctx.drain_s),
+                        "containers": [
+                            {**container, "lifecycle": _pre_stop()},
+                        ],
+                        "volumes": [
+                            {"name": "fleet", "configMap": {"name": GATEWAY}},
+                        ],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta,
+            "spec": {
+                "selector": selector,
+                "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+            },
+        },
+    ]
+
+
+# --- one pool of engine replicas -------------------------------------------------------------
+
+
+def _pool(ctx: _Context, pool: PoolSpec, name: str) -> list[Manifest]:
+    engine = pool.engine
+    labels = _labels("engine", **{POOL_LABEL: pool.name, ENGINE_LABEL: engine.kind.value})
+    selector = {COMPONENT_LABEL: "engine", POOL_LABEL: pool.name}
+    meta = ctx.meta(name, labels)
+    pod = _vllm_pod(ctx, pool) if engine.kind is EngineKind.VLLM else _sim_pod(ctx, pool)
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": pool.replicas,
+                "selector": {"matchLabels": selector},
+                # keep every ready replica until its successor is ready (needs one spare GPU
+                # set per pool during a rollout: the N+1 the planner sizes for)
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+                },
+                "template": {"metadata": {"labels": labels}, "spec": pod},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta,
+            "spec": {
+                "clusterIP": "None",  # headless: one DNS record and endpoint per ready pod
+                "selector": selector,
+                "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+            },
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": meta,
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+        },
+    ]
+
+
+def vllm_args(pool: PoolSpec, drain_s: int) -> list[str]:
+    """``vllm serve`` arguments of a pool's pods; the fleet file's ``args`` come last and win."""
+    engine = pool.engine
+    limits = EngineLimits()
+    return [
+        engine.model,
+        *("--host", "0.0.0.0", "--port", str(PORT)),
+        *("--served-model-name", engine.served_model_name or engine.model),
+        *("--tensor-parallel-size", str(engine.tp)),
+        *("--gpu-memory-utilization", f"{limits.gpu_memory_utilization:g}"),
+        "--enable-prefix-caching",
+        *("--shutdown-timeout", str(drain_s)),
+        *engine.args,
+    ]
+
+
+def sim_args(pool: PoolSpec) -> list[str]:
+    """``gpufleet engine sim`` arguments of a sim pool's pods (no GPU: the engine models one)."""
+    engine = pool.engine
+    names = ("--served-model-name", engine.served_model_name) if engine.served_model_name else ()
+    return [
+        *("--model", engine.model, "--gpu", engine.gpu, "--tp", str(engine.tp)),
+        *("--host", "0.0.0.0", "--port", str(PORT)),
+        *names,
+        *engine.args,
+    ]
+
+
+def _vllm_pod(ctx: _Context, pool: PoolSpec) -> Manifest:
+    engine = pool.engine
+    container = {
+        "name": "vllm",
+        "image": ctx.vllm_image,
+        "command": ["vllm", "serve"],  # exec form: vLLM itself gets the SIGTERM and drains
+        "args": vllm_args(pool, ctx.drain_s),
+        "env": [
+            {
+                "name": "HF_TOKEN",  # gated models; the Secret is optional
+                "valueFrom": {
+                    "secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}
+                },
+            }
+        ],
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "resources": {"limits": {GPU_RESOURCE: engine.tp}},
+        "startupProbe": _probe("/health", period=10, failures=MODEL_LOAD_BUDGET_S // 10),
+        "readinessProbe": _probe("/health", period=5, failures=2),
+        "livenessProbe": _probe("/health", period=10, failures=3),
+        "lifecycle": _pre_stop(),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    return {
+        "enableServiceLinks": False,  # a Service named vllm would set VLLM_PORT, which vLLM reads
+        "terminationGracePeriodSeconds": _grace(ctx.drain_s),
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": GPU_PRODUCT_LABEL,
+                                    "operator": "In",
+                                    "values": [gpu_product(engine.gpu)],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}],
+    }
+
+
+def _sim_pod(ctx: _Context, pool: PoolSpec) -> Manifest:
+    container = {
+        "name": "engine",
+        "image": ctx.gateway_image,
+        "command": ["gpufleet", "engine", "sim"],
+        "args": sim_args(pool),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "startupProbe": _probe("/health", period=2, failures=SIM_START_BUDGET_S // 2),
+        "readinessProbe": _probe("/health", period=5, failures=2),
+        "livenessProbe": _probe("/health", period=10, failures=3),
+        "lifecycle": _pre_stop(),
+    }
+    return {
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": _grace(ctx.drain_s),
+        "containers": [container],
+    }
+
+
+def _probe(path: str, *, period: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": min(period, 5),
+        "failureThreshold": failures,
+    }
+
+
+def _pre_stop() -> Manifest:
+    return {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}}
+
+
+def _grace(drain_s: int) -> int:
+    return PRESTOP_S + drain_s + GRACE_SPARE_S
+
+
+def _service_monitor(ctx: _Context, name: str, component: str) -> Manifest:
+    """A Prometheus Operator ServiceMonitor (a CRD: ``monitoring.coreos.com/v1``)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": ctx.meta(name, _labels(component)),
+        "spec": {
+            "selector": {
+                "matchLabels": {COMPONENT_LABEL: component, "app.kubernetes.io/part-of": PART_OF}
+            },
+            "namespaceSelector": {"matchNames": [ctx.namespace]},
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    }

@@ -1,0 +1,310 @@
+"""``render``: every object is valid Kubernetes, and says what the fleet file says.
+
+Schema validation uses kubernetes-validate's offline OpenAPI schemas (strict: unknown fields
+fail). No cluster runs here; docs/kubernetes.md says how to apply the manifests to one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufleet.catalog import load_gpus
+from gpufleet.config import load_fleet, parse_fleet
+from gpufleet.runtime import EngineKind, EngineSpec, PoolSpec
+from gpufleet.runtime.kubernetes import (
+    FLEET_KEY,
+    GATEWAY,
+    GPU_PRODUCT_LABEL,
+    GPU_PRODUCTS,
+    GPU_RESOURCE,
+    ClusterFleet,
+    Manifest,
+    gpu_product,
+    manifest_files,
+    notes,
+    pool_object_names,
+    render,
+)
+
+from .conftest import FLEET_FILES, fleet_from
+
+KUBERNETES_VERSIONS = ["1.30", "1.37"]
+"""The oldest release the manifests target and the newest kubernetes-validate knows."""
+
+
+def _find(objects: Sequence[Manifest], kind: str, name: str) -> Manifest:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def _container(deployment: Manifest) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _check_service_monitor(obj: Manifest) -> None:
+    """ServiceMonitor is a CRD (Prometheus Operator): no schema in Kubernetes' OpenAPI, so
+    its shape is checked here, field by field, against the CRD's documented fields."""
+    assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
+    assert set(obj["spec"]) == {"selector", "namespaceSelector", "endpoints"}
+    assert obj["spec"]["selector"]["matchLabels"]
+    for endpoint in obj["spec"]["endpoints"]:
+        assert set(endpoint) == {"port", "path", "interval"}
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("path", FLEET_FILES, ids=lambda p: p.name)
+def test_every_object_of_every_shipped_fleet_validates(path: Path, version: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objects = render(fleet_from(path), service_monitor=True)
+    for obj in objects:
+        # round-trip through the YAML we write, so what is validated is what is applied
+        data = yaml.safe_load(manifest_files([obj])[0][1])
+        if data["kind"] == "ServiceMonitor":
+            _check_service_monitor(data)
+        else:
+            kubernetes_validate.validate(data, version, strict=True)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_of_a_gpu_fleet_validates(gpu_fleet: ClusterFleet, version: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for obj in render(gpu_fleet, "inference", "v0.18.0", service_monitor=True):
+        data = yaml.safe_load(manifest_files([obj])[0][1])
+        if data["kind"] == "ServiceMonitor":
+            _check_service_monitor(data)
+        else:
+            kubernetes_validate.validate(data, version, strict=True)
+
+
+def test_objects_come_in_apply_order_with_stable_names(gpu_fleet: ClusterFleet) -> None:
+    objects = render(gpu_fleet, "inference")
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("Namespace", "inference"),
+        ("ServiceAccount", GATEWAY),
+        ("Role", GATEWAY),
+        ("RoleBinding", GATEWAY),
+        ("ConfigMap", GATEWAY),
+        ("Deployment", GATEWAY),
+        ("Service", GATEWAY),
+        ("Deployment", "llama-3-1-70b"),
+        ("Service", "llama-3-1-70b"),
+        ("PodDisruptionBudget", "llama-3-1-70b"),
+        ("Deployment", "qwen2-5-7b"),
+        ("Service", "qwen2-5-7b"),
+        ("PodDisruptionBudget", "qwen2-5-7b"),
+        ("Deployment", "llama-3-1-8b"),
+        ("Service", "llama-3-1-8b"),
+        ("PodDisruptionBudget", "llama-3-1-8b"),
+    ]
+    assert all(o["metadata"].get("namespace", "inference") == "inference" for o in objects)
+
+
+def test_vllm_pool_asks_for_tp_gpus_of_its_type_and_tolerates_their_taint(
+    gpu_fleet: ClusterFleet,
+) -> None:
+    objects = render(gpu_fleet)
+    for name, tp, label in [
+        ("llama-3-1-70b", 4, "NVIDIA-H100-80GB-HBM3"),
+        ("qwen2-5-7b", 1, "NVIDIA-L40S"),
+    ]:
+        deployment = _find(objects, "Deployment", name)
+        pod = deployment["spec"]["template"]["spec"]
+        assert _container(deployment)["resources"]["limits"] == {GPU_RESOURCE: tp}
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [
+            {"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [label]}]}
+        ]
+        assert {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "tolerations"
+        ]
+        shm = {v["name"]: v for v in pod["volumes"]}["dshm"]
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in _container(deployment)["volumeMounts"]
+
+
+def test_vllm_args_come_from_the_fleet_file_and_the_users_args_come_last(
+    gpu_fleet: ClusterFleet,
+) -> None:
+    container = _container(
+        _find(render(gpu_fleet, image_tag="v0.19.1"), "Deployment", "llama-3-1-70b")
+    )
+    assert container["image"] == "vllm/vllm-openai:v0.19.1"
+    assert container["command"] == ["vllm", "serve"]
+    args = container["args"]
+    assert args[0] == "meta-llama/Llama-3.1-70B-Instruct"
+
+    def value(flag: str) -> str:
+        return str(args[len(args) - 1 - args[::-1].index(flag) + 1])  # the last one wins
+
+    assert value("--served-model-name") == "llama-3.1-70b"
+    assert value("--tensor-parallel-size") == "4"
+    assert value("--shutdown-timeout") == "120"  # the fleet's first_byte timeout
+    assert value("--gpu-memory-utilization") == "0.92"  # the user's, after our 0.9
+    assert value("--max-model-len") == "8192"
+    assert "--enable-prefix-caching" in args
+    assert args[-4:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.92"]
+
+
+def test_drain_fits_in_the_grace_period_and_probes_give_model_load_minutes(
+    gpu_fleet: ClusterFleet,
+) -> None:
+    deployment = _find(render(gpu_fleet), "Deployment", "llama-3-1-70b")
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(deployment)
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + gpu_fleet.drain_s
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+
+
+def test_pdb_and_headless_service_select_exactly_the_pools_pods(gpu_fleet: ClusterFleet) -> None:
+    objects = render(gpu_fleet)
+    pools = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] != GATEWAY]
+    for deployment in pools:
+        name = deployment["metadata"]["name"]
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        pdb = _find(objects, "PodDisruptionBudget", name)
+        service = _find(objects, "Service", name)
+        for selector in (pdb["spec"]["selector"]["matchLabels"], service["spec"]["selector"]):
+            assert selector == deployment["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= pod_labels.items()
+            # and no other pool's pods
+            for other in pools:
+                if other is not deployment:
+                    others = other["spec"]["template"]["metadata"]["labels"]
+                    assert not selector.items() <= others.items()
+        assert service["spec"]["clusterIP"] == "None"
+        assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_sim_pool_runs_the_gpufleet_image_without_a_gpu(gpu_fleet: ClusterFleet) -> None:
+    deployment = _find(
+        render(gpu_fleet, gateway_image="registry.example/gpufleet:1"), "Deployment", "llama-3-1-8b"
+    )
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(deployment)
+    assert container["image"] == "registry.example/gpufleet:1"
+    assert container["command"] == ["gpufleet", "engine", "sim"]
+    assert "resources" not in container
+    assert "affinity" not in pod
+    assert "tolerations" not in pod
+    assert deployment["spec"]["replicas"] == 2
+
+
+def test_external_pools_render_nothing_but_a_note(gpu_fleet: ClusterFleet) -> None:
+    names = {o["metadata"]["name"] for o in render(gpu_fleet)}
+    assert not any("partner" in name for name in names)
+    assert notes(gpu_fleet) == [
+        "partner: external (http://10.0.0.5:8000): nothing rendered, "
+        "the gateway routes to these endpoints"
+    ]
+
+
+def test_gateway_role_has_exactly_the_rights_it_needs(gpu_fleet: ClusterFleet) -> None:
+    role = _find(render(gpu_fleet), "Role", GATEWAY)
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments/scale"],
+            "resourceNames": ["llama-3-1-70b", "qwen2-5-7b", "llama-3-1-8b"],
+            "verbs": ["get", "patch"],
+        },
+    ]
+    binding = _find(render(gpu_fleet), "RoleBinding", GATEWAY)
+    assert binding["roleRef"]["name"] == GATEWAY
+    assert binding["subjects"][0]["name"] == GATEWAY
+
+
+def test_gateway_serves_the_fleet_file_from_its_configmap_and_probes_health_and_ready(
+    gpu_fleet: ClusterFleet,
+) -> None:
+    objects = render(gpu_fleet)
+    deployment = _find(objects, "Deployment", GATEWAY)
+    container = _container(deployment)
+    assert deployment["spec"]["replicas"] == 1  # no Redis in the fleet file yet
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    mount = container["volumeMounts"][0]
+    assert container["args"][:2] == ["--fleet", f"{mount['mountPath']}/{FLEET_KEY}"]
+    volume = deployment["spec"]["template"]["spec"]["volumes"][0]
+    assert volume == {"name": mount["name"], "configMap": {"name": GATEWAY}}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == GATEWAY
+
+
+@pytest.mark.parametrize("path", FLEET_FILES, ids=lambda p: p.name)
+def test_configmap_round_trips_to_the_same_fleet(path: Path) -> None:
+    ((_, text),) = [f for f in manifest_files(render(fleet_from(path))) if "configmap" in f[0]]
+    stored = yaml.safe_load(text)["data"][FLEET_KEY]
+    assert parse_fleet(yaml.safe_load(stored)) == load_fleet(path)
+    assert stored == path.read_text()  # comments and all
+
+
+@pytest.mark.parametrize("path", FLEET_FILES, ids=lambda p: p.name)
+def test_rendering_twice_gives_identical_bytes(path: Path) -> None:
+    first = manifest_files(render(fleet_from(path), service_monitor=True))
+    second = manifest_files(render(fleet_from(path), service_monitor=True))
+    assert first == second
+    assert len({name for name, _ in first}) == len(first)
+    assert [name for name, _ in first] == sorted(name for name, _ in first)
+
+
+def test_a_changed_fleet_file_rolls_the_gateway(gpu_fleet: ClusterFleet) -> None:
+    def annotations(fleet: ClusterFleet) -> dict[str, str]:
+        deployment = _find(render(fleet), "Deployment", GATEWAY)
+        result: dict[str, str] = deployment["spec"]["template"]["metadata"]["annotations"]
+        return result
+
+    changed = ClusterFleet(gpu_fleet.pools, gpu_fleet.fleet_yaml + "# edited\n")
+    assert annotations(changed) != annotations(gpu_fleet)
+
+
+def test_every_nvidia_catalog_gpu_has_a_node_label() -> None:
+    nvidia = {name for name, g in load_gpus().items() if g.vendor == "nvidia"}
+    assert nvidia <= set(GPU_PRODUCTS)
+    assert all(" " not in label and label.startswith("NVIDIA-") for label in GPU_PRODUCTS.values())
+    assert gpu_product("h100-sxm") == "NVIDIA-H100-80GB-HBM3"
+    with pytest.raises(ValueError, match="mi300x"):
+        gpu_product("mi300x")
+
+
+def test_pool_names_become_dns_labels_and_collisions_are_refused() -> None:
+    def pool(name: str) -> PoolSpec:
+        return PoolSpec(name, EngineSpec(kind=EngineKind.SIM), replicas=1)
+
+    long = "m" + "-x" * 40
+    names = pool_object_names([pool("llama-3.1-8b"), pool("7b.chat"), pool(long)])
+    assert names["llama-3.1-8b"] == "llama-3-1-8b"
+    assert names["7b.chat"] == "pool-7b-chat"
+    assert len(names[long]) <= 63
+    assert names[long] == pool_object_names([pool(long)])[long]
+    with pytest.raises(ValueError, match="already taken"):
+        pool_object_names([pool("a.b"), pool("a-b")])
+    with pytest.raises(ValueError, match="already taken"):
+        pool_object_names([pool("gpufleet-gateway")])
+
+
+def test_bad_namespace_and_unknown_gpu_label_are_value_errors(gpu_fleet: ClusterFleet) -> None:
+    with pytest.raises(ValueError, match="namespace"):
+        render(gpu_fleet, "Not_A_Label")
+    amd = PoolSpec("big", EngineSpec(model="x/y", kind=EngineKind.VLLM, gpu="mi300x"), replicas=1)
+    with pytest.raises(ValueError, match="mi300x"):
+        render(ClusterFleet((amd,), "models: []\n"))
