@@ -17,11 +17,14 @@ from gpufleet.cli._errors import user_errors
 from gpufleet.config import DEFAULT_FLEET, FleetConfig, load_fleet
 from gpufleet.sim import (
     ArrivalProcess,
+    Fault,
     FleetSimulation,
     SimOptions,
     TraceFormat,
     TraceReader,
+    load_faults,
     load_trace,
+    parse_fault,
     write_plots,
 )
 
@@ -123,6 +126,24 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     hit = o["prefix_hit_rate"]
     rows.append(("prefix hit rate", "—" if hit is None else f"{hit:.1%}"))
     rows.append(("preemptions", f"{o['preemptions']:,}"))
+    faults = report["faults"]
+    if faults["scenario"]:
+        rows.append(
+            (
+                "failed / retried",
+                f"{o['failed']:,} failed ({faults['lost_mid_stream']:,} mid-stream), "
+                f"{faults['retries']:,} retries",
+            )
+        )
+        ejections = faults["ejections"]
+        rows.append(
+            (
+                "crashes / ejections",
+                f"{faults['crashes']} / {ejections['enforced']} "
+                f"(+{ejections['not_enforced']} not enforced), "
+                f"{faults['downtime_s']:,.0f} s down",
+            )
+        )
     util = [r["utilisation"] for r in report["replicas"] if r["utilisation"] is not None]
     if util:
         rows.append(
@@ -199,6 +220,17 @@ def simulate(
     ),
     sample_every: Annotated[float, typer.Option(help="Seconds between samples.")] = 10.0,
     plots: Annotated[bool, typer.Option(help="Draw PNG plots.")] = True,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(help="A fault, e.g. crash:replica=llama-3.1-8b-2,at=300 (repeatable)."),
+    ] = None,
+    faults: Annotated[
+        Path | None, typer.Option(help="A scenario file: `faults:` and a list of faults.")
+    ] = None,
+    mtbf_hours: Annotated[
+        float | None,
+        typer.Option(help="Crash replicas at random, MTBF per GPU in simulated hours."),
+    ] = None,
 ) -> None:
     """Replay a trace against a modelled fleet: latencies, throughput, KV usage, cost.
 
@@ -216,7 +248,12 @@ def simulate(
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         run_seed = seed if seed is not None else next(iter(configs.values())).gateway.seed
+        scenario: list[Fault] = load_faults(faults) if faults is not None else []
+        scenario += [parse_fault(spec) for spec in fault or []]
+        if mtbf_hours is not None:
+            scenario.append(parse_fault({"mtbf": {"hours": mtbf_hours}}))
         options = SimOptions(
+            faults=tuple(scenario),
             seed=run_seed,
             sample_interval=sample_every,
             ttft_slo_s=None if ttft_slo_ms is None else ttft_slo_ms / 1000,
@@ -259,6 +296,12 @@ def simulate(
         where = out / path.stem if compare else out
         where.mkdir(parents=True, exist_ok=True)
         sim, wall = _run_one(config, options, make, label=path.stem, total=total)
+        problems = sim.check()
+        if problems:
+            raise RuntimeError(
+                f"{path.stem}: global check failed: {'; '.join(problems)}; rerun with "
+                f"gpufleet simulate --fleet {path} --trace {trace} --seed {run_seed} (+ faults)"
+            )
         shown = "(packaged default)" if path == DEFAULT_FLEET else str(path)
         report = sim.report({**inputs, "fleet": shown})
         _dump(where / "report.json", report)

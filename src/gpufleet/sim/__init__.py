@@ -4,6 +4,17 @@ docs/design/sim-kernel.md explains the kernel and the driver, docs/traces.md the
 """
 
 from gpufleet.sim._arrivals import ArrivalProcess
+from gpufleet.sim._faults import (
+    DEFAULT_STARTUP_S,
+    BlackoutFault,
+    CrashFault,
+    Fault,
+    FaultInjector,
+    MtbfFault,
+    SlowFault,
+    load_faults,
+    parse_fault,
+)
 from gpufleet.sim._harness import Chooser, ChooserRouting, FleetHarness, RoundRobin, Routing
 from gpufleet.sim._kernel import NORMAL, URGENT, Event, Kernel, KernelClock, Part, ScheduledEvent
 from gpufleet.sim._plots import PLOTS, write_plots
@@ -28,20 +39,26 @@ from gpufleet.sim._traces import (
 )
 
 __all__ = [
+    "DEFAULT_STARTUP_S",
     "NORMAL",
     "PLOTS",
     "PREFIX_BLOCK_TOKENS",
     "PREFIX_HASH_TOKENS",
     "URGENT",
     "ArrivalProcess",
+    "BlackoutFault",
     "Chooser",
     "ChooserRouting",
+    "CrashFault",
     "Event",
+    "Fault",
+    "FaultInjector",
     "FleetHarness",
     "FleetSimulation",
     "Kernel",
     "KernelClock",
     "LogHistogram",
+    "MtbfFault",
     "Part",
     "PolicyRouting",
     "PromptBuilder",
@@ -54,11 +71,14 @@ __all__ = [
     "ScheduledEvent",
     "SimOptions",
     "SimPool",
+    "SlowFault",
     "TraceFormat",
     "TraceReader",
     "TraceRequest",
     "detect_format",
+    "load_faults",
     "load_trace",
+    "parse_fault",
     "replica_config",
     "token_prefix_hashes",
     "write_plots",

@@ -33,8 +33,8 @@ from typing import Protocol
 from gpufleet.engine.model import NewRequest, ReplicaModel
 from gpufleet.sim._kernel import URGENT, Event, Kernel, ScheduledEvent
 from gpufleet.sim._prompts import PromptBuilder
-from gpufleet.sim._recorder import Recorder
-from gpufleet.sim._replica_driver import ReplicaDriver
+from gpufleet.sim._recorder import Recorder, RequestRecord
+from gpufleet.sim._replica_driver import Lost, ReplicaDriver
 from gpufleet.sim._traces import TraceRequest
 
 ARRIVAL_PRIORITY = URGENT
@@ -61,9 +61,17 @@ class Routing(Protocol):
         request: TraceRequest,
         prompt: tuple[int, ...],
         replicas: Sequence[ReplicaDriver],
-    ) -> int: ...
+    ) -> int | None: ...
 
     def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None: ...
+
+    def on_lost(self, now: float, index: int, replica: int, started: bool) -> int | None:
+        """Request ``index`` was lost in a crash of ``replica``; the replica to retry it on.
+
+        ``started``: the client had its first token (a mid-stream failure: no retry).
+        ``None``: the request ends in an error.
+        """
+        ...
 
 
 class ChooserRouting:
@@ -85,6 +93,9 @@ class ChooserRouting:
         return self.choose(now, request, replicas)
 
     def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None:
+        return None
+
+    def on_lost(self, now: float, index: int, replica: int, started: bool) -> int | None:
         return None
 
 
@@ -131,8 +142,10 @@ class FleetHarness:
 
     __slots__ = (
         "_more",
+        "_requests",
         "_trace",
         "drivers",
+        "failed",
         "kernel",
         "live",
         "prompts",
@@ -170,7 +183,11 @@ class FleetHarness:
         self._more = False
         """An arrival is scheduled and not yet delivered."""
         self.live = 0
-        """Requests submitted and not yet finished or refused."""
+        """Requests arrived and not yet finished, refused or failed."""
+        self.failed = 0
+        """Requests that ended in an error (no replica, retries spent, lost mid-stream)."""
+        self._requests: dict[int, tuple[tuple[int, ...], int]] = {}
+        """Prompt and output length of each request inside a replica (to retry it)."""
 
     @property
     def active(self) -> bool:
@@ -216,18 +233,73 @@ class FleetHarness:
         index, request = event.index, event.request
         drivers = self.drivers
         prompt = self.prompts.prompt(index, request)
+        self.live += 1
         chosen = self.routing.route(now, index, request, prompt, drivers)
-        new = NewRequest(
+        if chosen is None:  # no replica can take it: the gateway's 503
+            self._fail(now, index, None, now, None, len(prompt))
+            return self._next_arrival()
+        self._requests[index] = (prompt, request.output_tokens)
+        return drivers[chosen].submit(now, index, self._new(index)) + self._next_arrival()
+
+    def lose(self, now: float, replica: int, lost: Sequence[Lost]) -> list[ScheduledEvent]:
+        """Requests lost in a crash of ``replica``: each retried elsewhere, or an error.
+
+        Call it from a shared event (a fault) at ``now``.
+        """
+        events: list[ScheduledEvent] = []
+        for state in lost:
+            started = state.first_token is not None
+            retry = self.routing.on_lost(now, state.index, replica, started)
+            if retry is None:
+                self._fail(now, state.index, replica, state.arrival, state.first_token, 0)
+                continue
+            events += self.drivers[retry].submit(
+                now, state.index, self._new(state.index), state.arrival
+            )
+        return events
+
+    def _new(self, index: int) -> NewRequest:
+        prompt, output_tokens = self._requests[index]
+        return NewRequest(
             str(index),
             prompt,
-            request.output_tokens,
+            output_tokens,
             ignore_eos=True,  # the trace says how many tokens came out
         )
-        self.live += 1
-        return drivers[chosen].submit(now, index, new) + self._next_arrival()
+
+    def _fail(  # noqa: PLR0917 - one row's fields
+        self,
+        now: float,
+        index: int,
+        replica: int | None,
+        arrival: float,
+        first: float | None,
+        input_tokens: int,
+    ) -> None:
+        """Request ``index`` ends in an error at ``now`` (``replica``: where it last was)."""
+        prompt = self._requests.pop(index, None)
+        if prompt is not None:
+            input_tokens = len(prompt[0])
+        self.recorder.log.append(
+            RequestRecord(
+                index,
+                -1 if replica is None else replica,
+                arrival,
+                first,
+                now,
+                input_tokens,
+                0,
+                0,
+                False,
+                True,
+            )
+        )
+        self.live -= 1
+        self.failed += 1
 
     def _ended(self, now: float, index: int, replica: int, rejected: bool) -> None:
         self.live -= 1
+        self._requests.pop(index, None)
         self.routing.on_end(now, index, replica, rejected)
 
     def _next_arrival(self) -> list[ScheduledEvent]:

@@ -32,21 +32,35 @@ What each input knows, and when, is modelled as in the gateway:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from random import Random
 from typing import Final
 
+from gpufleet.config import RetryConfig
 from gpufleet.fleet import (
+    NO_LOAD,
     FleetView,
     Outcome,
+    ProbeResult,
     ReplicaId,
     ReplicaLoad,
     ReplicaState,
     ReplicaView,
+    RequestFinished,
     RouteRequest,
 )
-from gpufleet.policy import PrefixAwareConfig, Router, RouterConfig, make_router
+from gpufleet.policy import (
+    EjectionRecord,
+    HealthConfig,
+    HealthDecision,
+    HealthPolicy,
+    PrefixAwareConfig,
+    Router,
+    RouterConfig,
+    make_router,
+)
 from gpufleet.sim._harness import FleetHarness
+from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
 from gpufleet.sim._replica_driver import ReplicaDriver
 from gpufleet.sim._traces import TraceRequest
 
@@ -86,47 +100,107 @@ class SimPool:
     name: str
     routing: RouterConfig
     replicas: int
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 class _Pool:
-    __slots__ = ("hashes", "ids", "name", "router", "scraped")
+    __slots__ = ("decision", "first", "hashes", "health", "ids", "name", "router", "scraped")
 
-    def __init__(self, name: str, router: Router, config: RouterConfig, ids: list[ReplicaId]):
+    def __init__(
+        self,
+        name: str,
+        router: Router,
+        config: RouterConfig,
+        ids: list[ReplicaId],
+        *,
+        health: HealthPolicy,
+        first: int,
+    ):
         self.name = name
         self.router = router
         self.ids = ids
+        self.health = health
+        self.first = first
+        """Driver index of the pool's first replica."""
+        self.decision: HealthDecision | None = None
         self.scraped = hasattr(config, "max_scrape_age")
         """The router reads engine metrics, so the gateway scrapes this pool."""
         self.hashes = isinstance(config, PrefixAwareConfig)
         """The router reads prefix hashes (only then are they computed)."""
 
 
+@dataclass(slots=True)
+class _Open:
+    """A request's attempt in flight, and the rest of its ranking (for retries)."""
+
+    pool: _Pool
+    request: RouteRequest
+    replica: ReplicaId
+    candidates: list[ReplicaId]
+    retry: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HealthWake:
+    """Decide health again (a probe falls due, a breaker half-opens)."""
+
+    target: PolicyRouting
+
+
 class PolicyRouting:
-    """A :class:`~gpufleet.sim.Routing` that asks the fleet file's routers.
+    """A :class:`~gpufleet.sim.Routing` that asks the fleet file's routers and health policies.
 
     Drivers are laid out pool after pool, in the order of ``pools``; replica ``i`` of pool
     ``name`` is ``"<name>-<i>"``, the gateway's names. A request goes to the pool its trace
     names (``TraceRequest.model``) when the fleet serves it, else to the first pool: traces
-    name one model or none. Router ``i`` draws from ``Random(seed * 1000 + 2 * i)``, the
-    gateway's seeding.
+    name one model or none. Router ``i`` draws from ``Random(seed * 1000 + 2 * i)`` and
+    health policy ``i`` from ``Random(seed * 1000 + 2 * i + 1)``, the gateway's seeding.
 
-    Call :meth:`attach` after ``FleetHarness.start`` to scrape every ``scrape_interval``.
+    Health is in the loop as in the gateway: every attempt's outcome goes to the pool's
+    :class:`~gpufleet.policy.HealthPolicy` (``RequestFinished``), its decisions ask for
+    probes, which are answered at once (``ProbeResult``: ok unless the replica is down),
+    and routers read ``decision.apply(view)``. A request lost before its first token is
+    retried on the next replica of its ranking, within ``retry.max_retries`` and the retry
+    budget; one lost mid-stream is an error.
+
+    Call :meth:`attach` after ``FleetHarness.start``.
     """
 
     __slots__ = (
         "_by_name",
+        "_harness",
         "_index",
+        "_loads",
         "_open",
         "_pools",
+        "_restarted",
+        "_runtime",
         "_views",
+        "_wake_at",
+        "active_retries",
+        "blackout",
+        "ejections",
+        "lost_mid_stream",
         "matched_blocks",
+        "no_replica",
+        "refused_pool",
+        "retries",
+        "retries_refused",
+        "retry",
         "routed",
         "scrape_interval",
         "scrapes",
         "view",
     )
 
-    def __init__(self, pools: Sequence[SimPool], *, seed: int, scrape_interval: float) -> None:
+    def __init__(
+        self,
+        pools: Sequence[SimPool],
+        *,
+        seed: int,
+        scrape_interval: float,
+        retry: RetryConfig | None = None,
+    ) -> None:
         if not pools:
             raise ValueError("a fleet needs at least one model")
         self._pools: list[_Pool] = []
@@ -137,20 +211,45 @@ class PolicyRouting:
                 raise ValueError(f"model {pool.name!r} has no replicas to simulate")
             ids = [ReplicaId(f"{pool.name}-{k}") for k in range(pool.replicas)]
             router = make_router(pool.routing, Random(seed * 1000 + 2 * i))
-            self._pools.append(_Pool(pool.name, router, pool.routing, ids))
+            health = HealthPolicy(pool.health, Random(seed * 1000 + 2 * i + 1))
+            self._pools.append(
+                _Pool(pool.name, router, pool.routing, ids, health=health, first=len(views))
+            )
             for replica in ids:
                 self._index[replica] = len(views)
                 views.append(ReplicaView(replica, pool.name, ReplicaState.READY))
         self._by_name = {p.name: p for p in self._pools}
         self._views = views
+        self._loads: list[ReplicaLoad] = [NO_LOAD] * len(views)
+        self._runtime: list[ReplicaState] = [ReplicaState.READY] * len(views)
+        """What the runtime says of each replica: READY, or STARTING from a crash to the
+        end of its restart."""
+        self._restarted: set[int] = set()
+        self.blackout: set[int] = set()
+        """Replicas whose scrapes do not update (a metric blackout)."""
         self.view = FleetView.of(0.0, views)
-        """What the routers see: rebuilt at each scrape, the same object in between."""
+        """What the routers see: rebuilt at each scrape and health decision."""
         self.scrape_interval = scrape_interval
-        self._open: dict[int, tuple[_Pool, RouteRequest, ReplicaId]] = {}
+        self.retry = retry if retry is not None else RetryConfig()
+        self._open: dict[int, _Open] = {}
+        self._harness: FleetHarness | None = None
+        self._wake_at: float | None = None
         self.scrapes = 0
         self.routed = 0
         self.matched_blocks = 0
         """Prefix blocks the router believed cached on the replicas it picked (prefix_aware)."""
+        self.active_retries = 0
+        self.retries = 0
+        """Attempts after a failure before the first token."""
+        self.retries_refused = 0
+        """Retries not made: the retry budget was used up."""
+        self.lost_mid_stream = 0
+        self.no_replica = 0
+        """Requests no replica could take (at arrival or on retry): the gateway's 503."""
+        self.refused_pool: dict[int, str] = {}
+        """The pool of each request that failed without ever reaching a replica."""
+        self.ejections: list[EjectionRecord] = []
+        """Every ejection record of every health decision, in order."""
 
     @property
     def replica_ids(self) -> list[ReplicaId]:
@@ -163,30 +262,133 @@ class PolicyRouting:
         return model if model is not None and model in self._by_name else self._pools[0].name
 
     def attach(self, harness: FleetHarness) -> None:
-        """Scrape the routers' pools every ``scrape_interval`` while the trace lasts."""
+        """Scrape the routers' pools every ``scrape_interval`` and decide health now."""
+        self._harness = harness
         if any(p.scraped for p in self._pools):
             drivers = harness.drivers
             harness.every(self.scrape_interval, lambda now: self.scrape(now, drivers))
+        self.decide(harness.kernel.now)
+
+    # -- the runtime's picture ----------------------------------------------------------
+
+    def replica_down(self, now: float, replica: int) -> None:
+        """The runtime saw ``replica`` die; it is STARTING until :meth:`replica_up`."""
+        self._runtime[replica] = ReplicaState.STARTING
+        self.decide(now)
+
+    def replica_up(self, now: float, replica: int) -> None:
+        """``replica`` restarted: a new process, whose checks start over.
+
+        The first decision resets its checks (it is ``STARTING`` to it); the second sends
+        the new process its first probe at once, as the gateway's health loop does when
+        the runtime reports a new address.
+        """
+        self._runtime[replica] = ReplicaState.READY
+        self._restarted.add(replica)
+        self.decide(now)
+        self.decide(now)
 
     def scrape(self, now: float, drivers: Sequence[ReplicaDriver]) -> None:
-        """One scrape round: every scraped replica's metrics as of ``now``."""
-        views = list(self._views)
+        """One scrape round: every scraped replica's metrics as of ``now``.
+
+        A replica that is down or blacked out keeps its last load (and its age).
+        """
+        loads = self._loads
         for pool in self._pools:
             if not pool.scraped:
                 continue
-            for replica in pool.ids:
-                i = self._index[replica]
-                stats = drivers[i].model.stats()
-                load = ReplicaLoad(
+            for k in range(pool.first, pool.first + len(pool.ids)):
+                driver = drivers[k]
+                if driver.down or k in self.blackout:
+                    continue
+                stats = driver.model.stats()
+                loads[k] = ReplicaLoad(
                     running=stats.num_running,
                     waiting=stats.num_waiting,
                     kv_cache_usage=min(1.0, stats.kv_cache_usage),
                     observed_at=now,
                 )
-                views[i] = ReplicaView(replica, pool.name, ReplicaState.READY, load)
-        self._views = views
-        self.view = FleetView.of(now, views)
         self.scrapes += 1
+        self._refresh(now)
+
+    def _refresh(self, now: float) -> None:
+        """Rebuild the routing view: runtime states, last loads, health decisions."""
+        views = self._views
+        loads, runtime = self._loads, self._runtime
+        for k, old in enumerate(views):
+            load, state = loads[k], runtime[k]
+            if state is ReplicaState.READY:
+                decision = self._pools_of(k).decision
+                decided = None if decision is None else decision.states.get(old.id)
+                state = decided if decided is not None else ReplicaState.STARTING
+            if old.load is not load or old.state is not state:
+                views[k] = ReplicaView(old.id, old.model, state, load)
+        self.view = FleetView.of(now, views)
+
+    def _pools_of(self, replica: int) -> _Pool:
+        pools = self._pools
+        for pool in reversed(pools):
+            if replica >= pool.first:
+                return pool
+        return pools[0]
+
+    # -- health ---------------------------------------------------------------------------
+
+    def decide(self, now: float) -> None:
+        """Every pool's health decision at ``now``; probes answered; the next wake set."""
+        wake: list[float] = []
+        for pool in self._pools:
+            wake_at = self._decide_pool(now, pool)
+            if wake_at is not None:
+                wake.append(wake_at)
+        self._restarted.clear()
+        self._refresh(now)
+        harness = self._harness
+        if harness is None or not wake or not harness.active:
+            return
+        at = max(min(wake), now)
+        if self._wake_at is None or at < self._wake_at or self._wake_at < now:
+            self._wake_at = at
+            harness.kernel.schedule(at, URGENT, HealthWake(self))
+
+    def _decide_pool(self, now: float, pool: _Pool) -> float | None:
+        """One pool's decision, as the gateway's health loop makes it.
+
+        A restarted replica is ``STARTING`` to the first decision after its restart, so its
+        checks start over. Probes are answered at once (ok unless the replica is down); an
+        answer that changes a verdict is decided on at once, as the gateway's prober wakes
+        its loop.
+        """
+        runtime, restarted, health = self._runtime, self._restarted, pool.health
+        first = True
+        decision: HealthDecision | None = None
+        for _ in range(3):
+            members = []
+            for k, replica in enumerate(pool.ids, start=pool.first):
+                state = runtime[k]
+                if first and k in restarted and state is ReplicaState.READY:
+                    state = ReplicaState.STARTING
+                members.append(ReplicaView(replica, pool.name, state))
+            decision = health.decide(now, FleetView(now, {pool.name: tuple(members)}))
+            self.ejections.extend(decision.ejections)
+            first = False
+            again = False
+            for replica in decision.probes:
+                ok = runtime[self._index[replica]] is ReplicaState.READY
+                again |= health.on_event(now, ProbeResult(replica, ok))
+            if not again:
+                break
+        pool.decision = decision
+        return None if decision is None else decision.next_at
+
+    def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
+        assert isinstance(event, HealthWake), event
+        if self._wake_at is not None and now >= self._wake_at:
+            self._wake_at = None
+            self.decide(now)
+        return []
+
+    # -- requests -------------------------------------------------------------------------
 
     def route(
         self,
@@ -195,7 +397,7 @@ class PolicyRouting:
         request: TraceRequest,
         prompt: tuple[int, ...],
         replicas: Sequence[ReplicaDriver],
-    ) -> int:
+    ) -> int | None:
         pool = self._by_name[self.pool_of(request)]
         routed = RouteRequest(
             str(index),
@@ -205,19 +407,59 @@ class PolicyRouting:
             session_key=request.session,
         )
         ranking = pool.router.rank(now, routed, self.view)
-        replica = ranking.first()
-        if replica is None:  # every replica is READY until faults are modelled
-            raise RuntimeError(f"router {ranking.policy} ranked no replica of {pool.name!r}")
-        pool.router.on_request_start(now, routed, replica)
-        self._open[index] = (pool, routed, replica)
         self.routed += 1
+        candidates = [
+            r for r in ranking.replicas()[: 1 + self.retry.max_retries] if self._up(r, replicas)
+        ]
+        if not candidates:
+            self.no_replica += 1
+            self.refused_pool[index] = pool.name
+            return None
+        replica = candidates.pop(0)
+        pool.router.on_request_start(now, routed, replica)
+        self._open[index] = _Open(pool, routed, replica, candidates, False)
         self.matched_blocks += ranking.matched(replica)
         return self._index[replica]
 
+    def _up(self, replica: ReplicaId, drivers: Sequence[ReplicaDriver]) -> bool:
+        """The gateway skips replicas it has no address for (the process is gone)."""
+        return not drivers[self._index[replica]].down
+
+    def _close(self, now: float, index: int, outcome: Outcome) -> _Open:
+        attempt = self._open.pop(index)
+        if attempt.retry:
+            self.active_retries -= 1
+        attempt.pool.router.on_request_end(now, attempt.request, attempt.replica, outcome)
+        attempt.pool.health.on_event(now, RequestFinished(attempt.replica, outcome))
+        return attempt
+
     def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None:
-        pool, routed, replica_id = self._open.pop(index)
-        outcome = Outcome.CLIENT_ERROR if rejected else Outcome.SUCCESS
-        pool.router.on_request_end(now, routed, replica_id, outcome)
+        self._close(now, index, Outcome.CLIENT_ERROR if rejected else Outcome.SUCCESS)
+
+    def on_lost(self, now: float, index: int, replica: int, started: bool) -> int | None:
+        attempt = self._close(now, index, Outcome.REPLICA_ERROR)
+        if started:
+            self.lost_mid_stream += 1
+            return None
+        harness = self._harness
+        drivers = harness.drivers if harness is not None else []
+        while attempt.candidates:
+            nxt = attempt.candidates.pop(0)
+            if drivers and not self._up(nxt, drivers):
+                continue
+            retry = self.retry
+            in_flight = harness.live if harness is not None else 0
+            allowed = max(retry.min_retry_concurrency, retry.budget_percent / 100.0 * in_flight)
+            if self.active_retries >= allowed:
+                self.retries_refused += 1
+                break
+            self.active_retries += 1
+            self.retries += 1
+            attempt.pool.router.on_request_start(now, attempt.request, nxt)
+            self._open[index] = _Open(attempt.pool, attempt.request, nxt, attempt.candidates, True)
+            return self._index[nxt]
+        self.no_replica += 1
+        return None
 
     def router(self, model: str) -> Router:
         """The router of ``model``'s pool (for tests: its ``snapshot()``)."""

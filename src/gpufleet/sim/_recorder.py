@@ -6,6 +6,8 @@ object, so a million requests fit in ~60 MB::
     column         index  replica  arrival  first_token  finish  input  output  cached  rejected
     type           int64  int32    float64  float64      float64 int64  int64   int64   int8
 
+(``rejected`` is 0 for a response, 1 for a request the replica refused, 2 for an error.)
+
 Rows are appended in the order requests end, which a seeded run reproduces exactly, so
 ``Recorder.digest()`` (SHA-256 over every column and the histogram) is the determinism
 check: same inputs and seed, same digest.
@@ -41,6 +43,9 @@ class RequestRecord:
     cached_tokens: int
     """Prompt tokens served from the prefix cache."""
     rejected: bool
+    failed: bool = False
+    """Ended in an error: no replica could take it, its retries ran out, or its replica
+    crashed after the first token (stored as 2 in the ``rejected`` column)."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -93,7 +98,7 @@ class RequestLog:
         self._input.append(record.input_tokens)
         self._output.append(record.output_tokens)
         self._cached.append(record.cached_tokens)
-        self._rejected.append(record.rejected)
+        self._rejected.append(2 if record.failed else int(record.rejected))
 
     def __len__(self) -> int:
         return len(self._index)
@@ -109,7 +114,8 @@ class RequestLog:
             input_tokens=self._input[i],
             output_tokens=self._output[i],
             cached_tokens=self._cached[i],
-            rejected=bool(self._rejected[i]),
+            rejected=self._rejected[i] == 1,
+            failed=self._rejected[i] == 2,
         )
 
     def __iter__(self) -> Iterator[RequestRecord]:

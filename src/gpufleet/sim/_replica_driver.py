@@ -44,6 +44,8 @@ class StepStart:
     """An idle replica starts stepping (scheduled at the instant work arrives)."""
 
     target: ReplicaDriver
+    epoch: int = 0
+    """The replica's incarnation: a crash makes the steps of the one before stale."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,18 @@ class StepEnd:
 
     target: ReplicaDriver
     plan: StepPlan
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """A request that was inside a replica when it crashed."""
+
+    index: int
+    arrival: float
+    first_token: float | None
+    """When its first token came out (None: the client has seen nothing; retryable)."""
+    input_tokens: int
 
 
 class _Live:
@@ -78,6 +92,8 @@ class ReplicaDriver:
 
     __slots__ = (
         "_busy",
+        "_down_since",
+        "_epoch",
         "_horizon",
         "_itl",
         "_live",
@@ -85,9 +101,14 @@ class ReplicaDriver:
         "_on_end",
         "_recorder",
         "busy_s",
+        "crashes",
+        "downtime_s",
         "fast_runs",
         "fast_steps",
         "index",
+        "retired_preemptions",
+        "retired_prefix_hits",
+        "retired_prefix_queries",
         "steps",
     )
 
@@ -117,6 +138,54 @@ class ReplicaDriver:
         """Fast-forwards: runs of one or more pure-decode steps applied at once."""
         self.busy_s = 0.0
         """Virtual seconds spent in steps."""
+        self._epoch = 0
+        self._down_since: float | None = None
+        self.crashes = 0
+        self.downtime_s = 0.0
+        """Virtual seconds between crashes and the restarts that followed (so far)."""
+        self.retired_preemptions = 0
+        """Preemptions and prefix-cache counts of the incarnations before the last crash."""
+        self.retired_prefix_queries = 0
+        self.retired_prefix_hits = 0
+
+    @property
+    def down(self) -> bool:
+        """Crashed and not yet restarted: it takes no request."""
+        return self._down_since is not None
+
+    def crash(self, now: float, fresh: ReplicaModel) -> list[Lost]:
+        """The replica dies at ``now``: its requests are lost, its steps stale.
+
+        ``fresh`` is the model of the process that will restart (an empty KV cache, no
+        queue); it takes requests only after :meth:`restart`. Returns the lost requests in
+        the order they were submitted.
+        """
+        if self.down:
+            return []
+        stats = self._model.stats()
+        self.retired_preemptions += stats.num_preemptions
+        self.retired_prefix_queries += stats.prefix_cache_queries
+        self.retired_prefix_hits += stats.prefix_cache_hits
+        lost = [Lost(s.index, s.arrival, s.first, s.input_tokens) for s in self._live.values()]
+        self._live.clear()
+        self._model = fresh
+        self._epoch += 1
+        self._busy = False
+        self._down_since = now
+        self.crashes += 1
+        return lost
+
+    def restart(self, now: float) -> None:
+        """The restarted process is up (provisioned, model loaded) at ``now``."""
+        if self._down_since is None:
+            return
+        self.downtime_s += now - self._down_since
+        self._down_since = None
+
+    def downtime(self, now: float) -> float:
+        """Seconds down up to ``now`` (a replica still down counts until ``now``)."""
+        since = self._down_since
+        return self.downtime_s + (0.0 if since is None else max(0.0, now - since))
 
     @property
     def model(self) -> ReplicaModel:
@@ -128,30 +197,39 @@ class ReplicaDriver:
         """Requests submitted and not finished (running or waiting)."""
         return len(self._live)
 
-    def submit(self, now: float, index: int, request: NewRequest) -> list[ScheduledEvent]:
+    def submit(
+        self, now: float, index: int, request: NewRequest, arrival: float | None = None
+    ) -> list[ScheduledEvent]:
         """Hand trace request ``index`` to the replica at ``now``.
 
-        A request the replica refuses (too long for ``max_model_len``) is recorded as
-        rejected at once.
+        ``arrival`` is when the request reached the fleet (earlier than ``now`` for a retry;
+        its latencies count from there). A request the replica refuses (too long for
+        ``max_model_len``) is recorded as rejected at once.
         """
+        if self.down:
+            raise RuntimeError(f"replica {self.index} is down: route around it")
+        arrival = now if arrival is None else arrival
         try:
             self._model.add_request(request, now)
         except ValueError:
             self._recorder.log.append(
                 RequestRecord(
-                    index, self.index, now, None, now, len(request.prompt_token_ids), 0, 0, True
+                    index, self.index, arrival, None, now, len(request.prompt_token_ids), 0, 0, True
                 )
             )
             if self._on_end is not None:
                 self._on_end(now, index, self.index, True)
             return []
-        self._live[request.request_id] = _Live(index, now, len(request.prompt_token_ids))
+        self._live[request.request_id] = _Live(index, arrival, len(request.prompt_token_ids))
         if self._busy:
             return []
         self._busy = True
-        return [ScheduledEvent(now, STEP_PRIORITY, StepStart(self), local=True)]
+        return [ScheduledEvent(now, STEP_PRIORITY, StepStart(self, self._epoch), local=True)]
 
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
+        assert isinstance(event, StepStart | StepEnd), event
+        if event.epoch != self._epoch:
+            return []  # a step of the incarnation before a crash
         if isinstance(event, StepEnd):
             self._finish(now, event.plan)
             if self._horizon is not None:
@@ -164,7 +242,11 @@ class ReplicaDriver:
             return []
         self.steps += 1
         self.busy_s += plan.duration
-        return [ScheduledEvent(now + plan.duration, STEP_PRIORITY, StepEnd(self, plan), local=True)]
+        return [
+            ScheduledEvent(
+                now + plan.duration, STEP_PRIORITY, StepEnd(self, plan, self._epoch), local=True
+            )
+        ]
 
     def _finish(self, now: float, plan: StepPlan) -> None:
         live, log = self._live, self._recorder.log

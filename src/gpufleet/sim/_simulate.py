@@ -15,11 +15,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from random import Random
 from typing import Any, Final
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
 from gpufleet.config import FleetConfig, ModelConfig
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
+from gpufleet.sim._faults import Fault, FaultInjector, MtbfFault, fault_spec
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._policy import PolicyRouting, SimPool
 from gpufleet.sim._prompts import PromptBuilder
@@ -51,6 +53,8 @@ class SimOptions:
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     fast_forward: bool = True
+    faults: tuple[Fault, ...] = ()
+    """The scenario: crashes, MTBF, slow replicas, metric blackouts (``gpufleet.sim._faults``)."""
 
 
 def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
@@ -102,13 +106,20 @@ class FleetSimulation:
         self.options = options
         models: list[ReplicaModel] = []
         pools: list[SimPool] = []
+        configs: list[ReplicaConfig] = []
+        gpus: list[int] = []
         for entry in fleet.models:
             config = replica_config(entry, options.seed)
             count = entry.replica_count
-            pools.append(SimPool(entry.name, entry.routing, count))
+            pools.append(SimPool(entry.name, entry.routing, count, entry.health))
             models.extend(ReplicaModel(config) for _ in range(count))
+            configs.extend([config] * count)
+            gpus.extend([entry.tp] * count)
         self.routing = PolicyRouting(
-            pools, seed=options.seed, scrape_interval=fleet.gateway.scrape_interval
+            pools,
+            seed=options.seed,
+            scrape_interval=fleet.gateway.scrape_interval,
+            retry=fleet.gateway.retry,
         )
         vocab = min(m.config.model.vocab_size for m in models)  # ids valid for every model
         self.harness = FleetHarness(
@@ -118,6 +129,20 @@ class FleetSimulation:
             fast_forward=options.fast_forward,
         )
         self.replica_ids = list(self.routing.replica_ids)
+        known = set(self.replica_ids)
+        for fault in options.faults:
+            if not isinstance(fault, MtbfFault) and fault.replica not in known:
+                raise ValueError(
+                    f"fault {fault.kind}: no replica {fault.replica!r} "
+                    f"(replicas: {', '.join(self.replica_ids)})"
+                )
+        self.faults = FaultInjector(
+            self.harness,
+            self.routing,
+            fresh=lambda i: ReplicaModel(configs[i]),
+            gpus=gpus,
+            rng=Random(f"gpufleet-faults-{options.seed}"),
+        )
         self.replica_models = [p.name for p in pools for _ in range(p.replicas)]
         self.timeline = Timeline(options.sample_interval)
         self._arrived_at_sample = 0
@@ -135,6 +160,28 @@ class FleetSimulation:
         self.harness.start(trace)
         self.routing.attach(self.harness)
         self.harness.every(self.options.sample_interval, self._sample)
+        self.faults.start(self.options.faults)
+
+    def check(self) -> list[str]:
+        """The global checks of a finished run: every request that arrived ended exactly
+        once, in a response or an error. Violations, as sentences (none: an empty list)."""
+        arrived = self.routing.routed
+        seen = bytearray(arrived)
+        problems: list[str] = []
+        for record in self.harness.recorder.log:
+            i = record.index
+            if not 0 <= i < arrived:
+                problems.append(f"request {i} ended but never arrived")
+            elif seen[i]:
+                problems.append(f"request {i} ended twice")
+            else:
+                seen[i] = 1
+        missing = arrived - sum(seen)
+        if missing:
+            problems.append(f"{missing} requests arrived and never ended")
+        if self.harness.live:
+            problems.append(f"{self.harness.live} requests still in flight")
+        return problems[:20]
 
     def run(self, until: float | None = None) -> None:
         self.harness.run(until)
@@ -146,7 +193,7 @@ class FleetSimulation:
         timeline.arrivals.append(delivered - self._arrived_at_sample)
         self._arrived_at_sample = delivered
         timeline.in_flight.append(self.harness.live)
-        timeline.replicas.append(len(drivers))
+        timeline.replicas.append(sum(1 for d in drivers if not d.down))
         timeline.kv_usage.append([min(1.0, d.model.stats().kv_cache_usage) for d in drivers])
         span = timeline.interval if len(timeline.t) > 1 else 0.0
         busy = [d.busy_s for d in drivers]
@@ -171,7 +218,7 @@ class FleetSimulation:
             m.name: {"ttft": [], "e2e": []} for m in self.fleet.models
         }
         for record in self.harness.recorder.log:
-            if record.ttft_s is not None:
+            if record.ttft_s is not None and not record.failed:
                 mine = out[models[record.replica]]
                 mine["ttft"].append(record.ttft_s)
                 mine["e2e"].append(record.e2e_s)
@@ -216,11 +263,15 @@ class _Group:
     output_tokens: int = 0
     cached_tokens: int = 0
     good: int = 0
+    failed: int = 0
 
     def add(self, r: RequestRecord, ttft_slo: float | None, tpot_slo: float | None) -> None:
         self.requests += 1
         if r.rejected:
             self.rejected += 1
+            return
+        if r.failed:
+            self.failed += 1
             return
         ttft, tpot = r.ttft_s, r.tpot_s
         assert ttft is not None
@@ -246,19 +297,27 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
     served = [0] * len(drivers)
     makespan = 0.0
     """From 0 to the last request's end: what the fleet ran (and is paid) for."""
+    refused_pool = sim.routing.refused_pool
     for record in sim.harness.recorder.log:
-        served[record.replica] += 1
         makespan = max(makespan, record.finish_s)
-        groups[models[record.replica]].add(record, options.ttft_slo_s, options.tpot_slo_s)
+        if record.replica < 0:  # failed before reaching any replica
+            model = refused_pool[record.index]
+        else:
+            model = models[record.replica]
+            served[record.replica] += 0 if record.failed else 1
+        groups[model].add(record, options.ttft_slo_s, options.tpot_slo_s)
         overall.add(record, options.ttft_slo_s, options.tpot_slo_s)
     recorder = sim.harness.recorder
     itl: dict[str, LogHistogram] = {name: LogHistogram() for name in groups}
     for i, model in enumerate(models):
         itl[model].merge(recorder.replica_itl(i))
     stats = [d.model.stats() for d in drivers]
+    preempted = [
+        s.num_preemptions + d.retired_preemptions for s, d in zip(stats, drivers, strict=True)
+    ]
     preemptions: dict[str, int] = dict.fromkeys(groups, 0)
-    for model, s in zip(models, stats, strict=True):
-        preemptions[model] += s.num_preemptions
+    for model, count in zip(models, preempted, strict=True):
+        preemptions[model] += count
 
     def metrics(group: _Group, hist: LogHistogram, preempted: int) -> dict[str, Any]:
         for values in (group.ttft, group.e2e, group.tpot):
@@ -267,12 +326,15 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
         out: dict[str, Any] = {
             "requests": group.requests,
             "rejected": group.rejected,
+            "failed": group.failed,
             "ttft_s": _q(group.ttft),
             "itl_s": _hq(hist),
             "tpot_s": _q(group.tpot),
             "e2e_s": _q(group.e2e),
             "throughput": {
-                "requests_per_s": _r(_finite(group.requests - group.rejected, span), 4),
+                "requests_per_s": _r(
+                    _finite(group.requests - group.rejected - group.failed, span), 4
+                ),
                 "input_tokens_per_s": _r(_finite(group.input_tokens, span), 2),
                 "output_tokens_per_s": _r(_finite(group.output_tokens, span), 2),
             },
@@ -312,6 +374,8 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
     replicas = []
     for i, (rid, driver, s) in enumerate(zip(sim.replica_ids, drivers, stats, strict=True)):
         kv = [row[i] for row in timeline.kv_usage]
+        queries = s.prefix_cache_queries + driver.retired_prefix_queries
+        hits = s.prefix_cache_hits + driver.retired_prefix_hits
         replicas.append(
             {
                 "id": rid,
@@ -319,12 +383,12 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
                 "utilisation": _r(driver.busy_s / makespan, 4) if makespan > 0 else None,
                 "steps": driver.steps,
                 "requests": served[i],
-                "preemptions": s.num_preemptions,
-                "prefix_cache_hit_rate": _r(s.prefix_cache_hits / s.prefix_cache_queries, 4)
-                if s.prefix_cache_queries
-                else None,
+                "preemptions": preempted[i],
+                "prefix_cache_hit_rate": _r(hits / queries, 4) if queries else None,
                 "kv_usage_mean": _r(math.fsum(kv) / len(kv), 4) if kv else None,
                 "kv_usage_max": _r(max(kv), 4) if kv else None,
+                "crashes": driver.crashes,
+                "downtime_s": _r(driver.downtime(makespan), 3),
             }
         )
     return {
@@ -370,7 +434,39 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
             "routed": sim.routing.routed,
             "matched_prefix_blocks": sim.routing.matched_blocks,
         },
+        "faults": _faults_report(sim),
         "digest": recorder.digest(),
+    }
+
+
+def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
+    routing = sim.routing
+    ejections = routing.ejections
+    return {
+        "scenario": [fault_spec(f) for f in sim.options.faults],
+        "crashes": sim.faults.crashes,
+        "requests_failed": sim.harness.failed,
+        "lost_mid_stream": routing.lost_mid_stream,
+        "no_replica": routing.no_replica,
+        "retries": routing.retries,
+        "retries_refused": routing.retries_refused,
+        "ejections": {
+            "enforced": sum(1 for e in ejections if e.enforced),
+            "not_enforced": sum(1 for e in ejections if not e.enforced),
+            "log": [
+                {
+                    "at": _r(e.at, 6),
+                    "replica": e.replica,
+                    "cause": e.cause.value,
+                    "enforced": e.enforced,
+                    "overflow": e.overflow,
+                    "ejections": e.ejections,
+                    "duration_s": _r(e.duration, 6),
+                }
+                for e in ejections[:1000]
+            ],
+        },
+        "downtime_s": _r(math.fsum(d.downtime(sim.now) for d in sim.harness.drivers), 3),
     }
 
 

@@ -1,0 +1,296 @@
+"""Faults in the simulated fleet: crashes (at given times or by MTBF), slow replicas, blackouts.
+
+A scenario is a list of faults, written in a ``faults:`` YAML file or as ``--fault`` flags::
+
+    faults:                                   # --fault crash:replica=llama-3.1-8b-2,at=300
+      - crash: {replica: llama-3.1-8b-2, at: 300, startup_s: 90}
+      - slow: {replica: llama-3.1-8b-0, factor: 3, from: 100, to: 400}
+      - blackout: {replica: llama-3.1-8b-1, from: 200, to: 260}
+      - mtbf: {hours: 2.0, startup_s: 120}   # every replica: exponential time to failure
+
+Faults live in the simulated replicas and network; the control logic (routers, health
+policy, retries) is the real one and never hears of a fault except through what it
+observes: failed attempts, probes, scrapes that stop moving::
+
+    Crash @ t ─► driver.crash: its requests are lost ─► each: retried (no token yet) or error
+              ─► health sees REPLICA_ERROR outcomes (may eject) ─► runtime: STARTING
+              ─► Restart @ t + startup_s ─► READY, checks start over (probe, then routable)
+    SlowStart / SlowEnd ─► model.set_slowdown(factor) / (1.0)
+    BlackoutStart / End ─► the replica's scrapes stop / resume updating
+
+A replica with ``tp`` GPUs fails ``tp`` times as often as one GPU: ``mtbf.hours`` is per
+GPU (6–12 months, 4,400–8,800 h, for data-centre GPUs; scale it down for short runs).
+Every fault event is shared (it changes what routers see), so no replica has run past it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from random import Random
+from typing import Annotated, Any, Final, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from gpufleet.engine.model import ReplicaModel
+from gpufleet.sim._harness import FleetHarness
+from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
+from gpufleet.sim._policy import PolicyRouting
+
+DEFAULT_STARTUP_S: Final = 90.0
+"""Provisioning plus model load of a restarted replica (an 8B model from local disk: ~30 s
+to schedule the pod and start the engine, ~60 s to load weights and warm up)."""
+FAULT_PRIORITY: Final = URGENT
+"""Faults come before the steps of their instant, after arrivals scheduled earlier."""
+
+
+class _Fault(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class CrashFault(_Fault):
+    """``replica`` dies at ``at`` and is back ``startup_s`` later."""
+
+    kind: Literal["crash"] = "crash"
+    replica: str
+    at: float = Field(ge=0.0)
+    startup_s: float = Field(DEFAULT_STARTUP_S, ge=0.0)
+
+
+class SlowFault(_Fault):
+    """``replica``'s steps take ``factor`` times as long from ``from`` to ``to``."""
+
+    kind: Literal["slow"] = "slow"
+    replica: str
+    factor: float = Field(gt=0.0, allow_inf_nan=False)
+    start: float = Field(alias="from", ge=0.0)
+    end: float = Field(math.inf, alias="to")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SlowFault:
+        if not self.end > self.start:
+            raise ValueError(f"'to' ({self.end}) must be after 'from' ({self.start})")
+        return self
+
+
+class BlackoutFault(_Fault):
+    """Scrapes of ``replica`` stop updating from ``from`` to ``to``."""
+
+    kind: Literal["blackout"] = "blackout"
+    replica: str
+    start: float = Field(alias="from", ge=0.0)
+    end: float = Field(math.inf, alias="to")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BlackoutFault:
+        if not self.end > self.start:
+            raise ValueError(f"'to' ({self.end}) must be after 'from' ({self.start})")
+        return self
+
+
+class MtbfFault(_Fault):
+    """Every replica crashes after exponential times with mean ``hours`` per GPU ÷ TP."""
+
+    kind: Literal["mtbf"] = "mtbf"
+    hours: float = Field(gt=0.0, allow_inf_nan=False)
+    startup_s: float = Field(DEFAULT_STARTUP_S, ge=0.0)
+
+
+Fault = Annotated[CrashFault | SlowFault | BlackoutFault | MtbfFault, Field(discriminator="kind")]
+_ADAPTER: Final[TypeAdapter[Fault]] = TypeAdapter(Fault)
+FAULT_KINDS: Final = ("blackout", "crash", "mtbf", "slow")
+
+
+def parse_fault(data: Mapping[str, Any] | str) -> Fault:
+    """One fault from ``{crash: {replica: x, at: 300}}`` or ``"crash:replica=x,at=300"``.
+
+    ``ValueError`` with a one-line message naming the fault and the field on bad input.
+    """
+    if isinstance(data, str):
+        kind, _, rest = data.partition(":")
+        fields: dict[str, Any] = {}
+        for item in filter(None, (p.strip() for p in rest.split(","))):
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise ValueError(f"fault {data!r}: {item!r} is not key=value")
+            fields[key.strip()] = value.strip()
+        data = {kind.strip(): fields}
+    if len(data) != 1:
+        raise ValueError(f"a fault is one of {', '.join(FAULT_KINDS)} with its fields: {data!r}")
+    ((kind, fields),) = data.items()
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"unknown fault {kind!r} (one of {', '.join(FAULT_KINDS)})")
+    if not isinstance(fields, Mapping):
+        raise ValueError(f"fault {kind}: fields must be a mapping, got {fields!r}")
+    try:
+        return _ADAPTER.validate_python({**fields, "kind": kind})
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][1:]) or "fields"
+        raise ValueError(f"fault {kind}: {where}: {first['msg']}") from None
+
+
+def load_faults(path: Path | str) -> list[Fault]:
+    """A scenario file: ``faults:`` followed by a list of faults."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ValueError(f"{path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(data, Mapping) or set(data) != {"faults"}:
+        raise ValueError(f"{path}: a scenario file has one key, `faults:` (a list)")
+    items = data["faults"] or []
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: `faults:` must be a list")
+    faults: list[Fault] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise ValueError(f"{path}: faults[{i}]: expected a mapping, got {item!r}")
+        try:
+            faults.append(parse_fault(item))
+        except ValueError as error:
+            raise ValueError(f"{path}: faults[{i}]: {error}") from None
+    return faults
+
+
+def fault_spec(fault: Fault) -> dict[str, Any]:
+    """A fault as report.json writes it (its YAML form; no infinities)."""
+    fields = fault.model_dump(by_alias=True, exclude={"kind"})
+    return {fault.kind: {k: (None if v == math.inf else v) for k, v in fields.items()}}
+
+
+# -- the injector -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Crash:
+    target: FaultInjector
+    replica: int
+    startup_s: float
+    mtbf: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    target: FaultInjector
+    replica: int
+
+
+@dataclass(frozen=True, slots=True)
+class Slow:
+    target: FaultInjector
+    replica: int
+    factor: float
+
+
+@dataclass(frozen=True, slots=True)
+class Blackout:
+    target: FaultInjector
+    replica: int
+    on: bool
+
+
+class FaultInjector:
+    """Plays a scenario's faults into one harness and its :class:`PolicyRouting`.
+
+    ``fresh(i)`` builds the model of replica ``i``'s restarted process. MTBF draws come from
+    ``rng`` (one per run, used by nothing else), so a seed gives one run, faults included.
+    """
+
+    __slots__ = ("_fresh", "_gpus", "_harness", "_mtbf", "_rng", "_routing", "crashes")
+
+    def __init__(
+        self,
+        harness: FleetHarness,
+        routing: PolicyRouting,
+        *,
+        fresh: Callable[[int], ReplicaModel],
+        gpus: Sequence[int],
+        rng: Random,
+    ) -> None:
+        self._harness = harness
+        self._routing = routing
+        self._fresh = fresh
+        self._gpus = list(gpus)
+        self._rng = rng
+        self._mtbf: MtbfFault | None = None
+        self.crashes = 0
+
+    def start(self, faults: Sequence[Fault]) -> None:
+        """Schedule every fault (call after the harness and routing are started)."""
+        names: dict[str, int] = {str(n): i for i, n in enumerate(self._routing.replica_ids)}
+        kernel = self._harness.kernel
+        events: list[ScheduledEvent] = []
+        for fault in faults:
+            if isinstance(fault, MtbfFault):
+                if self._mtbf is not None:
+                    raise ValueError("give at most one mtbf fault")
+                self._mtbf = fault
+                continue
+            replica = names.get(fault.replica)
+            if replica is None:
+                known = ", ".join(names)
+                raise ValueError(
+                    f"fault {fault.kind}: no replica {fault.replica!r} (replicas: {known})"
+                )
+            match fault:
+                case CrashFault():
+                    events.append(self._at(fault.at, Crash(self, replica, fault.startup_s)))
+                case SlowFault():
+                    events.append(self._at(fault.start, Slow(self, replica, fault.factor)))
+                    if math.isfinite(fault.end):
+                        events.append(self._at(fault.end, Slow(self, replica, 1.0)))
+                case BlackoutFault():
+                    events.append(self._at(fault.start, Blackout(self, replica, True)))
+                    if math.isfinite(fault.end):
+                        events.append(self._at(fault.end, Blackout(self, replica, False)))
+        if self._mtbf is not None:
+            for replica in range(len(self._gpus)):
+                events.append(self._next_failure(kernel.now, replica))
+        kernel.schedule_all(sorted(events, key=lambda e: e.time))
+
+    def _at(self, time: float, event: Event) -> ScheduledEvent:
+        return ScheduledEvent(max(time, self._harness.kernel.now), FAULT_PRIORITY, event)
+
+    def _next_failure(self, now: float, replica: int) -> ScheduledEvent:
+        mtbf = self._mtbf
+        assert mtbf is not None
+        mean_s = mtbf.hours * 3600.0 / self._gpus[replica]
+        at = now + self._rng.expovariate(1.0 / mean_s)
+        return ScheduledEvent(at, FAULT_PRIORITY, Crash(self, replica, mtbf.startup_s, True))
+
+    def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
+        harness, routing = self._harness, self._routing
+        match event:
+            case Crash(replica=replica, startup_s=startup_s):
+                driver = harness.drivers[replica]
+                if driver.down or (event.mtbf and not harness.active):
+                    return []
+                self.crashes += 1
+                lost = driver.crash(now, self._fresh(replica))
+                out = harness.lose(now, replica, lost)  # failures reach health first
+                routing.decide(now)
+                routing.replica_down(now, replica)
+                out.append(ScheduledEvent(now + startup_s, FAULT_PRIORITY, Restart(self, replica)))
+                return out
+            case Restart(replica=replica):
+                harness.drivers[replica].restart(now)
+                routing.replica_up(now, replica)
+                if self._mtbf is not None and harness.active:
+                    return [self._next_failure(now, replica)]
+                return []
+            case Slow(replica=replica, factor=factor):
+                harness.drivers[replica].model.set_slowdown(factor)
+                return []
+            case Blackout(replica=replica, on=on):
+                if on:
+                    routing.blackout.add(replica)
+                else:
+                    routing.blackout.discard(replica)
+                return []
+        raise AssertionError(event)

@@ -1,0 +1,213 @@
+"""Fault workloads (L5): crashes, MTBF, slow replicas, blackouts, with the real policies."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufleet.cli import app
+from gpufleet.config import FleetConfig, load_fleet, parse_fleet
+from gpufleet.sim import FleetSimulation, SimOptions, TraceRequest, load_faults, parse_fault
+
+runner = CliRunner()
+
+
+def fleet(
+    replicas: int = 3, policy: str = "least_request", args: tuple[str, ...] = ()
+) -> FleetConfig:
+    model = {"name": "llama-3.1-8b", "replicas": replicas, "routing": policy, "args": list(args)}
+    return parse_fleet({"models": [model]}, source="test")
+
+
+def requests(n: int = 400, rate: float = 10.0, seed: int = 1) -> list[TraceRequest]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(TraceRequest(t, rng.randrange(50, 1500), rng.randrange(20, 300)))
+    return out
+
+
+def run(config: FleetConfig, *specs: str, seed: int = 1, n: int = 400) -> FleetSimulation:
+    faults = tuple(parse_fault(s) for s in specs)
+    sim = FleetSimulation(config, SimOptions(seed=seed, faults=faults))
+    sim.start(requests(n, seed=seed))
+    sim.run()
+    assert sim.check() == []  # the global check: every request ends once
+    return sim
+
+
+def test_a_crash_loses_requests_retries_unstarted_ones_and_restarts() -> None:
+    sim = run(fleet(), "crash:replica=llama-3.1-8b-1,at=20,startup_s=15")
+    report = sim.report({})
+    faults = report["faults"]
+    assert faults["crashes"] == 1
+    assert faults["requests_failed"] == faults["lost_mid_stream"] + faults["no_replica"]
+    assert faults["requests_failed"] == report["overall"]["failed"] > 0
+    assert faults["retries"] >= 0
+    crashed = report["replicas"][1]
+    assert crashed["crashes"] == 1
+    assert crashed["downtime_s"] == 15.0
+    log = faults["ejections"]["log"]
+    assert all(e["replica"] == "llama-3.1-8b-1" for e in log)
+    # no request started on the replica while it was down
+    for record in sim.harness.recorder.log:
+        if record.replica == 1 and not record.failed:
+            assert not 20.0 < record.arrival_s < 35.0 or record.finish_s < 20.0
+
+
+def test_requests_lost_before_their_first_token_are_retried_elsewhere() -> None:
+    # four sequences at a time: requests queue, so some are lost before their first token
+    sim = run(fleet(2, args=("--max-num-seqs", "4")), "crash:replica=llama-3.1-8b-0,at=5", n=300)
+    routing = sim.routing
+    assert routing.retries > 0
+    served_after = [
+        r for r in sim.harness.recorder.log if not r.failed and r.arrival_s < 5.0 < r.finish_s
+    ]
+    assert served_after
+    assert all(r.replica == 1 for r in served_after)
+
+
+def test_a_pool_with_every_replica_down_answers_errors_not_hangs() -> None:
+    sim = run(fleet(1), "crash:replica=llama-3.1-8b-0,at=3,startup_s=10", n=200)
+    report = sim.report({})
+    assert report["faults"]["no_replica"] > 0
+    errors = [r for r in sim.harness.recorder.log if r.failed and r.replica == -1]
+    assert errors
+    assert all(3.0 <= r.arrival_s <= 13.0 + 1.0 for r in errors)
+
+
+def test_slow_replica_is_slower_only_while_slow() -> None:
+    plain = run(fleet(2, "round_robin"))
+    slow = run(fleet(2, "round_robin"), "slow:replica=llama-3.1-8b-0,factor=4,from=10,to=20")
+
+    def mean_e2e(sim: FleetSimulation, replica: int, lo: float, hi: float) -> float:
+        rows = [
+            r.e2e_s
+            for r in sim.harness.recorder.log
+            if r.replica == replica and lo <= r.arrival_s < hi
+        ]
+        return sum(rows) / len(rows)
+
+    assert mean_e2e(slow, 0, 10, 18) > 2 * mean_e2e(plain, 0, 10, 18)
+    assert mean_e2e(slow, 1, 10, 18) == mean_e2e(plain, 1, 10, 18)
+    before = [r for r in slow.harness.recorder.log if r.finish_s < 10.0]
+    assert before == [r for r in plain.harness.recorder.log if r.finish_s < 10.0]
+
+
+def test_a_blackout_freezes_the_replicas_scraped_load() -> None:
+    config = fleet(2, "kv_aware")
+    faults = (parse_fault("blackout:replica=llama-3.1-8b-1,from=5,to=15"),)
+    sim = FleetSimulation(config, SimOptions(seed=1, faults=faults))
+    sim.start(requests())
+    sim.run(10.0)
+    view = sim.routing.view
+    frozen = view.pool("llama-3.1-8b")[1].load.observed_at
+    assert frozen is not None
+    assert frozen <= 5.0
+    assert view.pool("llama-3.1-8b")[0].load.observed_at == pytest.approx(10.0, abs=0.25)
+    sim.run(16.0)
+    resumed = sim.routing.view.pool("llama-3.1-8b")[1].load.observed_at
+    assert resumed is not None
+    assert resumed > 15.0
+    sim.run()
+    assert sim.check() == []
+
+
+def test_mtbf_crashes_are_seeded_and_the_report_is_byte_identical() -> None:
+    def report(seed: int) -> str:
+        sim = run(fleet(4), "mtbf:hours=0.005,startup_s=5", seed=seed)
+        return json.dumps(sim.report({}), sort_keys=False)
+
+    first, second = report(3), report(3)
+    assert first == second
+    assert json.loads(first)["faults"]["crashes"] >= 2
+    assert report(4) != first
+
+
+def test_no_faults_no_change_health_keeps_every_replica_routable() -> None:
+    sim = run(fleet())
+    report = sim.report({})
+    assert report["faults"]["crashes"] == report["overall"]["failed"] == 0
+    assert report["faults"]["ejections"]["log"] == []
+    assert all(r.state.value == "ready" for r in sim.routing.view.replicas())
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("explode:replica=x", "unknown fault 'explode'"),
+        ("crash:replica=x", "fault crash: at: Field required"),
+        ("crash:replica=x,at=-1", "fault crash: at:"),
+        ("slow:replica=x,factor=2,from=10,to=5", "'to' (5.0) must be after 'from' (10.0)"),
+        ("slow:replica=x,factor=0,from=1", "fault slow: factor:"),
+        ("blackout:replica=x,from=1,when=2", "fault blackout: when: Extra inputs"),
+        ("crash:replica", "is not key=value"),
+        ("mtbf:hours=0", "fault mtbf: hours:"),
+    ],
+)
+def test_bad_faults_are_one_clear_error(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_fault(spec)
+
+
+def test_an_unknown_replica_is_refused_before_the_run() -> None:
+    with pytest.raises(ValueError, match=re.escape("no replica 'llama-3.1-8b-9'")):
+        FleetSimulation(
+            fleet(), SimOptions(faults=(parse_fault("crash:replica=llama-3.1-8b-9,at=1"),))
+        )
+
+
+def test_scenario_file_and_cli(tmp_path: Path) -> None:
+    scenario = tmp_path / "faults.yaml"
+    scenario.write_text(
+        "faults:\n"
+        "  - crash: {replica: llama-3.1-8b-1, at: 2, startup_s: 3}\n"
+        "  - slow: {replica: llama-3.1-8b-0, factor: 2, from: 1, to: 4}\n"
+    )
+    assert [f.kind for f in load_faults(scenario)] == ["crash", "slow"]
+    source = tmp_path / "trace.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "arrival_s": r.arrival_s,
+                    "input_tokens": r.input_tokens,
+                    "output_tokens": r.output_tokens,
+                }
+            )
+            + "\n"
+            for r in requests(80)
+        )
+    )
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text("models:\n  - name: llama-3.1-8b\n    replicas: 2\n")
+    args = ["simulate", "--fleet", str(fleet_file), "--trace", str(source), "--no-plots"]
+    args += ["--faults", str(scenario), "--fault", "blackout:replica=llama-3.1-8b-0,from=1"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert "crashes / ejections" in result.output
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "b")])
+    a = (tmp_path / "a" / "report.json").read_bytes()
+    assert a == (tmp_path / "b" / "report.json").read_bytes()
+    assert len(json.loads(a)["faults"]["scenario"]) == 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("faults:\n  - crash: {replica: llama-3.1-8b-1}\n")
+    result = runner.invoke(
+        app,
+        ["simulate", "--trace", str(source), "--faults", str(bad), "--out", str(tmp_path / "c")],
+    )
+    assert result.exit_code == 2
+    assert "faults[0]: fault crash: at: Field required" in result.output
+
+
+def test_the_example_scenario_fits_the_example_fleet() -> None:
+    root = Path(__file__).resolve().parents[2]
+    faults = tuple(load_faults(root / "examples" / "faults" / "crash-slow.yaml"))
+    config = load_fleet(root / "examples" / "azure-conv-8x-h100.yaml")
+    FleetSimulation(config, SimOptions(faults=faults))  # names every replica right
