@@ -8,8 +8,30 @@ fields. The gateway and the fleet simulator drive the same objects.
   entry (docs/design/routing.md).
 * Health: :class:`HealthPolicy` (outlier detection, circuit breakers, active checks) and the
   N+1 check :func:`redundancy` (docs/design/health.md).
+* Autoscaling: :class:`AutoscalePolicy` sizes one model pool (reactive windows, a demand
+  forecast as a floor, prewarmed standbys, drains), on the shared :func:`saturation`
+  (docs/design/autoscaling.md).
 """
 
+from gpufleet.policy._autoscale import (
+    SCALED,
+    AutoscalePolicy,
+    AutoscaleSnapshot,
+    PoolView,
+    ScaleDecision,
+    ScaleDirection,
+    ScaleGuard,
+    ScaleHistory,
+    ScaleInputs,
+    ScaleProposal,
+    Standby,
+    UtilisationSample,
+    choose_drain,
+    redundancy_floor,
+)
+from gpufleet.policy._autoscale_config import AutoscaleConfig, ForecastConfig
+from gpufleet.policy._autoscale_forecast import DemandForecaster, Forecast, ForecastSnapshot
+from gpufleet.policy._autoscale_saturation import pool_utilisation, saturation
 from gpufleet.policy._breaker import BreakerPhase, BreakerState, EjectionCause, ejection_time
 from gpufleet.policy._config import (
     ROUTER_POLICIES,
@@ -54,13 +76,21 @@ from gpufleet.policy._session import SessionRouter
 
 __all__ = [
     "ROUTER_POLICIES",
+    "SCALED",
     "ActiveCheckConfig",
+    "AutoscaleConfig",
+    "AutoscalePolicy",
+    "AutoscaleSnapshot",
     "BreakerPhase",
     "BreakerState",
     "CandidateFilter",
     "Candidates",
+    "DemandForecaster",
     "EjectionCause",
     "EjectionRecord",
+    "Forecast",
+    "ForecastConfig",
+    "ForecastSnapshot",
     "HealthConfig",
     "HealthDecision",
     "HealthPolicy",
@@ -69,6 +99,7 @@ __all__ = [
     "LeastRequestConfig",
     "LeastRequestRouter",
     "OutlierConfig",
+    "PoolView",
     "PrefixAwareConfig",
     "PrefixAwareRouter",
     "PrefixIndex",
@@ -82,14 +113,26 @@ __all__ = [
     "RoutableFilter",
     "Router",
     "RouterConfig",
+    "ScaleDecision",
+    "ScaleDirection",
+    "ScaleGuard",
+    "ScaleHistory",
+    "ScaleInputs",
+    "ScaleProposal",
     "SessionConfig",
     "SessionRouter",
+    "Standby",
+    "UtilisationSample",
+    "choose_drain",
     "ejection_limit",
     "ejection_time",
     "in_panic",
     "kv_scores",
     "make_router",
     "parse_router_config",
+    "pool_utilisation",
     "redundancy",
+    "redundancy_floor",
+    "saturation",
     "select_candidates",
 ]
