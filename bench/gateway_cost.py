@@ -59,7 +59,7 @@ from rich.table import Table
 
 from gpufleet.config import parse_fleet
 from gpufleet.fleet import ReplicaId
-from gpufleet.gateway import StaticReplicas, Upstream, create_gateway
+from gpufleet.gateway import SERVER_OPTIONS, StaticReplicas, Upstream, create_gateway
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "gateway_cost.json"
@@ -168,14 +168,9 @@ def _serve_gateway(port: int, backends: list[int], policy: str) -> None:
         for i, p in enumerate(backends)
     ]
     app = create_gateway(config, StaticReplicas(replicas), CollectorRegistry())
+    # as gpufleet up serves it: uvloop, httptools, no access log (SERVER_OPTIONS)
     uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        access_log=False,
-        ws="none",
-        lifespan="on",
+        app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", **SERVER_OPTIONS
     )
 
 

@@ -5,7 +5,7 @@ The replicas come from a :class:`ReplicaSource` the shell feeds (``gpufleet up``
 local runtime); upstream requests go through one seam, :class:`ReplicaClient`.
 """
 
-from gpufleet.gateway._app import Gateway, create_gateway
+from gpufleet.gateway._app import SERVER_OPTIONS, Gateway, create_gateway
 from gpufleet.gateway._errors import (
     BadRequestError,
     GatewayError,
@@ -28,6 +28,7 @@ from gpufleet.gateway._upstream import (
 )
 
 __all__ = [
+    "SERVER_OPTIONS",
     "BadRequestError",
     "Gateway",
     "GatewayError",

@@ -52,12 +52,13 @@ from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._state import FleetState, Pool
-from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest
+from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Header = tuple[bytes, bytes]
 
 MAX_BODY: Final = 32 * 1024 * 1024
 _JSON: Final = (b"content-type", b"application/json")
@@ -133,61 +134,56 @@ class Gateway:
             request_id = f"{self._id_prefix}{self._count:016x}"
         rid = (b"x-request-id", request_id.encode("latin-1"))
         path, method = scope["path"], scope["method"]
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                message["headers"] = [*message.get("headers", ()), rid]
-            await send(message)
-
         try:
             chat = _COMPLETIONS.get(path)
             if chat is not None:
                 if method != "POST":
                     raise MethodNotAllowedError(f"{method} is not allowed on {path}")
-                await self._completion(chat, path, scope, receive, tracked, request_id=request_id)
+                await self._completion(
+                    chat, path, scope, receive, send, request_id=request_id, rid=rid
+                )
             else:
-                await self._get(method, path, tracked)
+                await self._get(method, path, send, rid)
         except GatewayError as error:
-            if not started:
-                await self._answer_error(tracked, error)
+            # raised only before a response started (after it, a stream ends in an event)
+            await self._answer_error(send, error, rid)
+        except ClientDisconnectedError:
+            pass  # gone while sending its body: nothing to answer
 
-    async def _get(self, method: str, path: str, send: Send) -> None:
+    async def _get(self, method: str, path: str, send: Send, rid: Header) -> None:
         if method not in ("GET", "HEAD"):
             if path in _GETS:
                 raise MethodNotAllowedError(f"{method} is not allowed on {path}")
             raise RouteNotFoundError(f"no route {method} {path}")
         if path == "/v1/models":
-            await _respond(send, 200, self._models_body)
+            await _respond(send, rid, 200, self._models_body)
         elif path == "/health":
-            await _respond(send, 200, b'{"status":"ok"}')
+            await _respond(send, rid, 200, b'{"status":"ok"}')
         elif path == "/ready":
-            await self._ready(send)
+            await self._ready(send, rid)
         elif path == "/metrics":
             body = generate_latest(self._registry)
-            await _respond(send, 200, body, CONTENT_TYPE_LATEST.encode())
+            await _respond(send, rid, 200, body, CONTENT_TYPE_LATEST.encode())
         else:
             raise RouteNotFoundError(f"no route {method} {path}")
 
-    async def _answer_error(self, send: Send, error: GatewayError) -> None:
+    async def _answer_error(self, send: Send, error: GatewayError, rid: Header) -> None:
         """The one place where an error becomes a response."""
         body = error_body(error.status, error.type, error.message)
         await send(
             {
                 "type": "http.response.start",
                 "status": error.status,
-                "headers": [_JSON, *error.headers()],
+                "headers": [_JSON, (b"content-length", b"%d" % len(body)), *error.headers(), rid],
             }
         )
         await send({"type": "http.response.body", "body": body})
 
-    async def _ready(self, send: Send) -> None:
+    async def _ready(self, send: Send, rid: Header) -> None:
         routable = self.fleet.ready()
         ok = all(n > 0 for n in routable.values())
         body = json.dumps({"ready": ok, "routable": routable}).encode()
-        await _respond(send, 200 if ok else 503, body)
+        await _respond(send, rid, 200 if ok else 503, body)
 
     # -- lifespan: the background loops live in one TaskGroup --------------------------------
 
@@ -283,7 +279,15 @@ class Gateway:
     # -- the proxy ------------------------------------------------------------------------
 
     async def _completion(
-        self, chat: bool, path: str, scope: Scope, receive: Receive, send: Send, *, request_id: str
+        self,
+        chat: bool,
+        path: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        request_id: str,
+        rid: Header,
     ) -> None:
         arrived = self._clock()
         body = await _read_body(receive)
@@ -294,39 +298,31 @@ class Gateway:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
         status = 500
         self._active += 1
+        watch = _DisconnectWatch(receive)
         try:
-            status = await self._until_disconnect(
-                receive,
-                self._route(
-                    pool,
-                    path,
-                    scope,
-                    payload=payload,
-                    body=body,
-                    send=send,
-                    request_id=request_id,
-                    arrived=arrived,
-                ),
+            status = await self._route(
+                pool,
+                path,
+                scope,
+                payload=payload,
+                body=body,
+                send=send,
+                request_id=request_id,
+                rid=rid,
+                arrived=arrived,
             )
-        except* ClientDisconnectedError:
-            status = 499
-        except* GatewayError as group:
-            error = group.exceptions[0]
-            status = error.status if isinstance(error, GatewayError) else 500
-            raise error from None
+        except asyncio.CancelledError:
+            if not watch.stop():
+                raise
+            status = 499  # the client left; its upstream attempt was cancelled
+        except GatewayError as error:
+            status = error.status
+            raise
         finally:
+            watch.stop()
             self._active -= 1
             self.metrics.child(self.metrics.requests, model, str(status)).inc()
             self.metrics.child(self.metrics.e2e, model).observe(self._clock() - arrived)
-
-    async def _until_disconnect(self, receive: Receive, work: Awaitable[int]) -> int:
-        """Run ``work``; if the client disconnects first, cancel it (and its upstream)."""
-        async with asyncio.TaskGroup() as tg:
-            watcher = tg.create_task(_watch_disconnect(receive))
-            try:
-                return await work
-            finally:
-                watcher.cancel()
 
     async def _route(
         self,
@@ -338,6 +334,7 @@ class Gateway:
         body: bytes,
         send: Send,
         request_id: str,
+        rid: Header,
         arrived: float,
     ) -> int:
         model = pool.config.name
@@ -387,7 +384,7 @@ class Gateway:
             outcome = Outcome.CANCELLED
             try:
                 status, outcome = await self._attempt(
-                    upstream_request, stream, send, model, arrived
+                    upstream_request, stream, send, rid=rid, model=model, arrived=arrived
                 )
                 return status
             except UpstreamError as failure:
@@ -412,7 +409,14 @@ class Gateway:
         return self._active_retries < allowed
 
     async def _attempt(
-        self, request: UpstreamRequest, stream: bool, send: Send, model: str, arrived: float
+        self,
+        request: UpstreamRequest,
+        stream: bool,
+        send: Send,
+        *,
+        rid: Header,
+        model: str,
+        arrived: float,
     ) -> tuple[int, Outcome]:
         """One attempt. A failure before the client saw a byte raises ``UpstreamError``
         (the caller may retry); one after it ends the stream with an error event."""
@@ -434,40 +438,27 @@ class Gateway:
                         )
                     outcome = Outcome.SUCCESS if status < 400 else Outcome.CLIENT_ERROR
                     if not stream or status >= 400:
-                        whole = b"".join([c async for c in chunks])
-                        self.metrics.child(self.metrics.ttft, model).observe(
-                            self._clock() - arrived
-                        )
-                        await send(
-                            {
-                                "type": "http.response.start",
-                                "status": status,
-                                "headers": response.headers,
-                            }
-                        )
-                        await send({"type": "http.response.body", "body": whole})
+                        await self._answer_whole(response, send, rid, model, arrived)
                         return status, outcome
                     first = await anext(chunks, b"")
                     self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": status,
-                            "headers": response.headers,
-                        }
-                    )
+                    response.headers.append(rid)
+                    start = {"type": "http.response.start", "status": status}
+                    start["headers"] = response.headers
+                    await send(start)
                     sent = True
                     await send({"type": "http.response.body", "body": first, "more_body": True})
-                    tail = first[-2:]
+                    tail = first
                     # the idle deadline moves at most every idle/2: it falls between idle
                     # and 1.5 × idle after the last chunk, without a timer per chunk
                     idle = timeouts.idle_stream
                     due = loop.time() + 1.5 * idle
                     deadline.reschedule(due)
+                    now_is = loop.time
                     async for chunk in chunks:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                         tail = chunk
-                        now = loop.time()
+                        now = now_is()
                         if due - now < idle:
                             due = now + 1.5 * idle
                             deadline.reschedule(due)
@@ -486,6 +477,17 @@ class Gateway:
             await self._break_stream(send, tail, f"the replica's stream broke: {failure}")
             return 502, failure.outcome
 
+    async def _answer_whole(
+        self, response: UpstreamResponse, send: Send, rid: Header, model: str, arrived: float
+    ) -> None:
+        whole = b"".join([c async for c in response.chunks])
+        self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
+        headers = response.headers
+        headers.append((b"content-length", b"%d" % len(whole)))
+        headers.append(rid)
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.body", "body": whole})
+
     @staticmethod
     async def _break_stream(send: Send, tail: bytes, message: str) -> None:
         lead = b"" if tail.endswith(b"\n\n") or not tail else b"\n\n"
@@ -493,6 +495,18 @@ class Gateway:
 
 
 _GETS: Final = frozenset({"/v1/models", "/health", "/ready", "/metrics"})
+
+SERVER_OPTIONS: Final[dict[str, Any]] = {
+    "http": "httptools",
+    "ws": "none",
+    "lifespan": "on",
+    "access_log": False,
+    "proxy_headers": False,
+    "server_header": False,
+}
+"""How ``gpufleet up`` (and bench/gateway_cost.py) run the gateway under uvicorn: the C
+HTTP parser, no access log, no proxy-headers middleware or ``server`` header on the hot
+path. The event loop is uvloop's (``gpufleet up`` runs on it)."""
 
 
 def create_gateway(
@@ -510,12 +524,18 @@ def create_gateway(
     return Gateway(config, replica_source, registry, client=client, clock=clock)
 
 
-async def _respond(send: Send, status: int, body: bytes, content_type: bytes = _JSON[1]) -> None:
+async def _respond(
+    send: Send, rid: Header, status: int, body: bytes, content_type: bytes = _JSON[1]
+) -> None:
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", content_type)],
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", b"%d" % len(body)),
+                rid,
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -537,11 +557,50 @@ async def _read_body(receive: Receive) -> bytes:
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-async def _watch_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnectedError
+class _DisconnectWatch:
+    """Cancels the request's task if its client disconnects, without a task per request.
+
+    A request that ends within ``WATCH_AFTER`` seconds (most non-streaming ones, and every
+    error) costs one timer; only a longer one gets a task blocked in ``receive()``, which
+    returns ``http.disconnect`` at once if the client already left meanwhile.
+    """
+
+    WATCH_AFTER: Final = 0.05
+    __slots__ = ("_fired", "_owner", "_receive", "_task", "_timer")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._owner = asyncio.current_task()
+        self._task: asyncio.Task[None] | None = None
+        self._fired = False
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            self.WATCH_AFTER, self._start
+        )
+
+    def _start(self) -> None:
+        self._timer = None
+        if self._owner is not None:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        message = await self._receive()
+        if message["type"] == "http.disconnect" and self._owner is not None:
+            self._fired = True
+            self._owner.cancel()
+
+    def stop(self) -> bool:
+        """Stop watching; whether the client left (the owner's ``cancel`` is then undone)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        fired, self._fired = self._fired, False
+        if fired and self._owner is not None:
+            self._owner.uncancel()
+        self._owner = None
+        return fired
 
 
 def _parse(body: bytes, chat: bool) -> dict[str, Any]:

@@ -1,15 +1,19 @@
-"""A lean HTTP/1.1 upstream client: per-replica pools of kept-alive asyncio streams.
+"""A lean HTTP/1.1 upstream client: per-replica pools of kept-alive asyncio connections.
 
 The gateway's default :class:`~gpufleet.gateway.ReplicaClient`. It speaks only what the
-replicas speak (``POST`` / ``GET``, ``content-length`` or ``chunked`` answers) and does per
-request only what a request needs: take an idle connection (``O(1)``), write the request in
-one call, read the head, and hand the body on as it arrives. httpx's pool checks every
+replicas speak (``POST`` / ``GET``, answers framed by ``content-length``, ``chunked`` or the
+connection's close) and does per request only what a request needs: take an idle connection
+(``O(1)``), write the request in one call, parse the head once, and hand the body on as it
+arrives — one piece per read from the socket, however many chunks that read held.
+
+Each connection is an :class:`asyncio.Protocol` (no ``StreamReader``): ``data_received``
+appends to one buffer and wakes the reader only when it waits. httpx's pool checks every
 pooled connection for readability on every request, which cost the gateway over a
 millisecond of CPU per request at 32 connections (bench/gateway_cost.py).
 
 A connection goes back to its pool only when its answer was read to the end. A kept-alive
-connection that the replica closed while idle fails before its first byte; the request is
-then sent once more on a new connection (the replica never saw it).
+connection that the replica closed while idle fails before the first byte of its answer;
+the request is then sent once more on a new connection (the replica never answered it).
 
 ::
 
@@ -24,7 +28,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Final, Self
+from typing import Final, Self, cast
 from urllib.parse import urlsplit
 
 from gpufleet.fleet import Outcome
@@ -32,79 +36,268 @@ from gpufleet.gateway._errors import LocalOriginError
 from gpufleet.gateway._upstream import UpstreamRequest, UpstreamResponse
 
 _PASSED_HEADERS: Final = frozenset({b"content-type", b"content-encoding"})
-_LIMIT: Final = 1 << 20
-_READ: Final = 1 << 16
-_LOST: Final = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError)
+_HIGH_WATER: Final = 1 << 20
+"""Buffered, unread answer bytes above which the socket stops being read."""
+_MAX_HEAD: Final = 64 * 1024
 
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-async def _head(conn: Conn, raw: bytes) -> bytes:
-    """Write ``raw`` and read the answer's head; the connection is closed if that fails
-    or is cancelled (a timeout)."""
-    reader, writer = conn
-    try:
-        writer.write(raw)
-        return await reader.readuntil(b"\r\n\r\n")
-    except BaseException:
-        writer.close()
-        raise
+# how an answer's body is framed
+_LENGTH: Final = 0
+_CHUNKED: Final = 1
+_UNTIL_CLOSE: Final = 2
 
 
-class _Answer:
-    """One answer being read: its framing, and whether the connection may be reused."""
+class _LostError(Exception):
+    """The connection closed, or its answer could not be parsed."""
 
-    __slots__ = ("chunked", "done", "keep", "length", "reader")
 
-    def __init__(self, reader: asyncio.StreamReader, head: bytes) -> None:
-        self.reader = reader
-        self.length: int | None = None
-        self.chunked = False
+class _Conn(asyncio.Protocol):
+    """One kept-alive connection and the answer being read on it."""
+
+    __slots__ = (
+        "answered",
+        "buf",
+        "closed",
+        "crlf",
+        "done",
+        "error",
+        "framing",
+        "keep",
+        "left",
+        "paused",
+        "transport",
+        "waiter",
+    )
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+        self.paused = False
+        self.error: BaseException | None = None
+        # the answer now being read
+        self.answered = False
+        self.framing = _LENGTH
+        self.left = 0
+        self.crlf = False
         self.keep = True
         self.done = False
-        status = int(head[9:12])
-        if status < 200 or status in (204, 304):
-            self.length = 0
-            return
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                self.length = int(value)
-            elif name == b"transfer-encoding":
-                self.chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                self.keep = b"close" not in value.lower()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        reader = self.reader
+    # -- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) > _HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def eof_received(self) -> bool:
+        self._wake_lost()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.error = exc
+        self._wake_lost()
+
+    def _wake_lost(self) -> None:
+        self.closed = True
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- the client's side --------------------------------------------------------------
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _more(self) -> None:
+        """Wait for more bytes; ``_LostError`` if the connection closed first."""
+        if self.closed:
+            raise _LostError(f"connection closed by the replica ({self.error!r})")
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiter = waiter
         try:
-            if self.chunked:
-                while True:
-                    line = await reader.readuntil(b"\r\n")
-                    size = int(line.split(b";", 1)[0], 16)
-                    if size == 0:
-                        while await reader.readuntil(b"\r\n") != b"\r\n":
-                            pass  # trailers
-                        break
-                    data = await reader.readexactly(size + 2)
-                    yield data[:-2]
-            elif self.length is not None:
-                left = self.length
-                while left > 0:
-                    data = await reader.read(min(left, _READ))
-                    if not data:
-                        raise asyncio.IncompleteReadError(b"", left)
-                    left -= len(data)
-                    yield data
-            else:
-                self.keep = False
-                while data := await reader.read(_READ):
-                    yield data
-        except _LOST as error:
+            await waiter
+        finally:
+            self.waiter = None
+
+    def start(self, raw: bytes) -> None:
+        """Send one request; the previous answer was read to its end."""
+        assert self.transport is not None
+        self.answered = False
+        self.done = False
+        self.keep = True
+        self.transport.write(raw)
+
+    async def head(self) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """The answer's status and passed headers; framing set up for :meth:`read`."""
+        buf = self.buf
+        while (end := buf.find(b"\r\n\r\n")) < 0:
+            if len(buf) > _MAX_HEAD:
+                raise _LostError("answer head too large")
+            await self._more()
+        self.answered = True
+        head = bytes(buf[:end])
+        del buf[: end + 4]
+        status, headers, framing, left, keep = _parse_head(head)
+        self.keep = keep
+        if status < 200 or status in (204, 304):
+            framing, left = _LENGTH, 0
+        if framing == _UNTIL_CLOSE:
             self.keep = False
-            raise LocalOriginError(f"connection lost: {error!r}") from None
-        self.done = True
+        self.framing, self.left, self.crlf = framing, left, False
+        if framing == _LENGTH and left == 0:
+            self.done = True
+        return status, headers
+
+    async def read(self) -> bytes:
+        """The body's next bytes, as many as have arrived; ``b""`` at its end."""
+        while not self.done:
+            if self.buf:
+                if self.framing == _CHUNKED:
+                    data = self._take_chunked()
+                elif self.framing == _LENGTH:
+                    data = self._take(self.left)
+                    self.left -= len(data)
+                    self.done = self.left == 0
+                else:
+                    data = self._take(len(self.buf))
+                if data:
+                    return data
+                if self.done:
+                    break
+            if self.closed and self.framing == _UNTIL_CLOSE:
+                self.done = True
+                break
+            await self._more()
+        return b""
+
+    def _take(self, most: int) -> bytes:
+        buf = self.buf
+        if most >= len(buf):
+            data = bytes(buf)
+            buf.clear()
+        else:
+            data = bytes(buf[:most])
+            del buf[:most]
+        return data
+
+    def _take_chunked(self) -> bytes:
+        """Every whole or partial chunk payload in the buffer, joined; ``done`` at the end."""
+        buf = self.buf
+        pos = 0
+        size = len(buf)
+        out: list[bytes] = []
+        while True:
+            if self.left:
+                n = min(self.left, size - pos)
+                if n == 0:
+                    break
+                out.append(bytes(buf[pos : pos + n]))
+                pos += n
+                self.left -= n
+                if self.left:
+                    break
+                self.crlf = True
+            if self.crlf:
+                if size - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise _LostError("bad chunk framing")
+                pos += 2
+                self.crlf = False
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            length = _chunk_size(bytes(buf[pos:eol]))
+            if length == 0:
+                end = buf.find(b"\r\n\r\n", eol)  # the last chunk, any trailers, a blank line
+                if end < 0:
+                    break
+                pos = end + 4
+                self.done = True
+                break
+            pos = eol + 2
+            self.left = length
+        if pos:
+            del buf[:pos]
+        if len(out) == 1:
+            return out[0]
+        return b"".join(out)
+
+
+def _chunk_size(line: bytes) -> int:
+    try:
+        return int(line.split(b";", 1)[0], 16)
+    except ValueError:
+        raise _LostError(f"bad chunk size: {line[:40]!r}") from None
+
+
+def _parse_head(head: bytes) -> tuple[int, list[tuple[bytes, bytes]], int, int, bool]:
+    """(status, passed headers, framing, content length, keep-alive) of an answer's head."""
+    lines = head.split(b"\r\n")
+    try:
+        status = int(lines[0][9:12])
+    except ValueError:
+        raise _LostError(f"not an HTTP answer: {lines[0][:40]!r}") from None
+    headers: list[tuple[bytes, bytes]] = []
+    framing, left, keep = _UNTIL_CLOSE, 0, True
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            if framing != _CHUNKED:
+                if not value.strip().isdigit():
+                    raise _LostError(f"bad content-length: {value[:40]!r}")
+                framing, left = _LENGTH, int(value)
+        elif name == b"transfer-encoding":
+            if b"chunked" in value.lower():
+                framing = _CHUNKED
+        elif name == b"connection":
+            keep = b"close" not in value.lower()
+        elif name in _PASSED_HEADERS:
+            headers.append((name, value.strip()))
+    return status, headers, framing, left, keep
+
+
+class _Body:
+    """``UpstreamResponse.chunks`` over a :class:`_Conn`: the body as it arrives."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: _Conn) -> None:
+        self.conn = conn
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> bytes:
+        conn = self.conn
+        if conn.done:
+            raise StopAsyncIteration
+        try:
+            data = await conn.read()
+        except (_LostError, ValueError) as error:
+            conn.keep = False
+            raise LocalOriginError(f"connection lost: {error}") from None
+        if not data:
+            raise StopAsyncIteration
+        return data
 
 
 class Http11ReplicaClient:
@@ -113,8 +306,8 @@ class Http11ReplicaClient:
     def __init__(self, *, connect: float, max_idle: int = 256) -> None:
         self._connect = connect
         self._max_idle = max_idle
-        self._idle: dict[tuple[str, int], list[Conn]] = {}
-        self._targets: dict[str, tuple[str, int, bytes]] = {}
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._targets: dict[str, tuple[tuple[str, int], bytes]] = {}
 
     async def __aenter__(self) -> Self:
         return self
@@ -126,90 +319,104 @@ class Http11ReplicaClient:
         tb: TracebackType | None,
     ) -> None:
         for conns in self._idle.values():
-            for _, writer in conns:
-                writer.close()
+            for conn in conns:
+                conn.close()
         self._idle.clear()
 
-    def _target(self, url: str) -> tuple[str, int, bytes]:
+    def _target(self, url: str) -> tuple[tuple[str, int], bytes]:
         target = self._targets.get(url)
         if target is None:
             parts = urlsplit(url)
             if parts.scheme != "http" or parts.hostname is None:
                 raise LocalOriginError(f"not an http:// URL: {url}")
             port = parts.port or 80
-            target = (parts.hostname, port, parts.netloc.encode("latin-1"))
+            target = ((parts.hostname, port), b"\r\nhost: " + parts.netloc.encode("latin-1"))
             self._targets[url] = target
         return target
 
-    async def _open(self, host: str, port: int) -> Conn:
+    async def _open(self, host: str, port: int) -> _Conn:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect):
-                return await asyncio.open_connection(host, port, limit=_LIMIT)
+                _, conn = await loop.create_connection(_Conn, host, port)
         except TimeoutError:
             raise LocalOriginError(f"connect timeout: {host}:{port}", Outcome.TIMEOUT) from None
         except OSError as error:
             raise LocalOriginError(f"cannot reach replica: {error!r}") from None
+        return conn
 
-    async def _exchange(self, url: str, raw: bytes) -> tuple[Conn, bytes]:
-        """Send ``raw`` (``Host`` added) and read the answer's head: (connection, head)."""
-        host, port, netloc = self._target(url)
-        raw = raw.replace(b"\r\n", b"\r\nhost: " + netloc + b"\r\n", 1)
-        idle = self._idle.get((host, port))
+    async def _exchange(
+        self, url: str, line: bytes, rest: bytes
+    ) -> tuple[tuple[str, int], _Conn, int, list[tuple[bytes, bytes]]]:
+        """Send ``line`` + ``Host`` + ``rest``; read the answer's head. The connection is
+        closed if that fails or is cancelled (a timeout)."""
+        host_port, host = self._target(url)
+        raw = line + host + rest
+        idle = self._idle.get(host_port)
         while idle:
             conn = idle.pop()
-            if conn[0].at_eof() or conn[1].is_closing():
-                conn[1].close()
+            if conn.closed or conn.buf:
+                conn.close()
                 continue
             try:
-                return conn, await _head(conn, raw)
-            except _LOST:
-                pass  # closed while idle: the replica never saw it; send again
-        conn = await self._open(host, port)
+                conn.start(raw)
+                status, headers = await conn.head()
+                return host_port, conn, status, headers
+            except _LostError:
+                conn.close()
+                if conn.answered or conn.buf:
+                    raise LocalOriginError("bad answer from the replica") from None
+                # closed while idle: the replica never answered; send again
+            except BaseException:
+                conn.close()
+                raise
+        conn = await self._open(*host_port)
         try:
-            return conn, await _head(conn, raw)
-        except _LOST as error:
-            raise LocalOriginError(f"connection lost: {error!r}") from None
+            conn.start(raw)
+            status, headers = await conn.head()
+        except _LostError as error:
+            conn.close()
+            raise LocalOriginError(f"connection lost: {error}") from None
+        except BaseException:
+            conn.close()
+            raise
+        return host_port, conn, status, headers
 
-    def _release(self, host_port: tuple[str, int], conn: Conn, answer: _Answer) -> None:
-        idle = self._idle.setdefault(host_port, [])
-        if answer.done and answer.keep and len(idle) < self._max_idle:
-            idle.append(conn)
-        else:
-            conn[1].close()
+    def _release(self, host_port: tuple[str, int], conn: _Conn) -> None:
+        if conn.done and conn.keep and not conn.closed:
+            idle = self._idle.get(host_port)
+            if idle is None:
+                idle = self._idle[host_port] = []
+            if len(idle) < self._max_idle:
+                idle.append(conn)
+                return
+        conn.close()
 
     @asynccontextmanager
     async def send(self, request: UpstreamRequest) -> AsyncIterator[UpstreamResponse]:
         body = request.body
-        head = [b"POST %s HTTP/1.1" % request.path.encode("latin-1")]
-        head.extend(
-            b"%s: %s" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers
+        head = b"".join(
+            [b"\r\n%s: %s" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers]
         )
-        head.append(b"content-length: %d\r\n\r\n" % len(body))
-        conn, raw_head = await self._exchange(request.url, b"\r\n".join(head) + body)
-        answer = _Answer(conn[0], raw_head)
+        host_port, conn, status, headers = await self._exchange(
+            request.url,
+            b"POST %s HTTP/1.1" % request.path.encode("latin-1"),
+            b"%s\r\ncontent-length: %d\r\n\r\n%s" % (head, len(body), body),
+        )
         try:
-            status = int(raw_head[9:12])
-            headers = []
-            for line in raw_head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.lower() in _PASSED_HEADERS:
-                    headers.append((name.lower(), value.strip()))
-            yield UpstreamResponse(status, headers, answer.chunks())
+            yield UpstreamResponse(status, headers, _Body(conn))
         finally:
-            host, port, _ = self._target(request.url)
-            self._release((host, port), conn, answer)
+            self._release(host_port, conn)
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         parts = urlsplit(url)
         base = f"{parts.scheme}://{parts.netloc}"
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        conn, raw_head = await self._exchange(
-            base, b"GET %s HTTP/1.1\r\n\r\n" % path.encode("latin-1")
+        host_port, conn, status, _ = await self._exchange(
+            base, b"GET %s HTTP/1.1" % path.encode("latin-1"), b"\r\n\r\n"
         )
-        answer = _Answer(conn[0], raw_head)
         try:
-            body = b"".join([c async for c in answer.chunks()])
+            body = b"".join([c async for c in _Body(conn)])
         finally:
-            host, port, _ = self._target(base)
-            self._release((host, port), conn, answer)
-        return int(raw_head[9:12]), body
+            self._release(host_port, conn)
+        return status, body
