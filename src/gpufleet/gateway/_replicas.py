@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpufleet.fleet import ReplicaId, ReplicaState
 
@@ -28,11 +29,10 @@ class Upstream:
     state: ReplicaState = ReplicaState.READY
 
 
-class ReplicaSource:
-    """Anything with ``subscribe(listener) -> unsubscribe`` (a ``typing.Protocol`` in spirit)."""
+class ReplicaSource(Protocol):
+    """Anything with ``subscribe(listener) -> unsubscribe``: a runtime adapter, a fixed list."""
 
-    def subscribe(self, listener: Listener) -> Callable[[], None]:  # pragma: no cover
-        raise NotImplementedError
+    def subscribe(self, listener: Listener) -> Callable[[], None]: ...
 
 
 class StaticReplicas(ReplicaSource):
