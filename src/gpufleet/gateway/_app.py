@@ -53,6 +53,7 @@ from gpufleet.gateway._replicas import ReplicaSource
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._state import FleetState, Pool
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
+from gpufleet.policy import retry_allowed
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -405,8 +406,12 @@ class Gateway:
 
     def _may_retry(self) -> bool:
         retry = self._retry
-        allowed = max(retry.min_retry_concurrency, retry.budget_percent / 100.0 * self._active)
-        return self._active_retries < allowed
+        return retry_allowed(
+            self._active_retries,
+            self._active,
+            budget_percent=retry.budget_percent,
+            min_retry_concurrency=retry.min_retry_concurrency,
+        )
 
     async def _attempt(
         self,

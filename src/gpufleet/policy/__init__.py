@@ -66,6 +66,7 @@ from gpufleet.policy._ranking import (
 )
 from gpufleet.policy._redundancy import Redundancy, redundancy
 from gpufleet.policy._registry import make_router
+from gpufleet.policy._retry import retry_allowed
 from gpufleet.policy._routers import (
     KVAwareRouter,
     LeastRequestRouter,
@@ -133,6 +134,7 @@ __all__ = [
     "pool_utilisation",
     "redundancy",
     "redundancy_floor",
+    "retry_allowed",
     "saturation",
     "select_candidates",
 ]

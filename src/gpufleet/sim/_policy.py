@@ -58,6 +58,7 @@ from gpufleet.policy import (
     Router,
     RouterConfig,
     make_router,
+    retry_allowed,
 )
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
@@ -449,8 +450,12 @@ class PolicyRouting:
                 continue
             retry = self.retry
             in_flight = harness.live if harness is not None else 0
-            allowed = max(retry.min_retry_concurrency, retry.budget_percent / 100.0 * in_flight)
-            if self.active_retries >= allowed:
+            if not retry_allowed(
+                self.active_retries,
+                in_flight,
+                budget_percent=retry.budget_percent,
+                min_retry_concurrency=retry.min_retry_concurrency,
+            ):
                 self.retries_refused += 1
                 break
             self.active_retries += 1
