@@ -157,3 +157,38 @@ def test_file_errors(tmp_path: Path) -> None:
     empty.write_text("")
     with pytest.raises(FleetFileError, match="got nothing"):
         load_fleet(empty)
+
+
+def test_autoscale_pool_starts_at_min_and_checks_its_bounds() -> None:
+    fleet = parse_fleet(
+        {
+            "models": [
+                {
+                    "name": "llama-3.1-8b",
+                    "autoscale": {"min_replicas": 3, "max_replicas": 8, "prewarm": 1},
+                    "startup": {"provision": 240, "load": 90},
+                }
+            ]
+        }
+    )
+    (model,) = fleet.models
+    assert model.autoscale is not None
+    assert model.replica_count == 3
+    assert model.startup.cold == 330.0
+    with pytest.raises(FleetFileError, match="replicas: 20 is outside autoscale's"):
+        parse_fleet(
+            {"models": [{"name": "m", "model": "llama-3.1-8b", "replicas": 20, "autoscale": {}}]}
+        )
+    with pytest.raises(FleetFileError, match="external model cannot autoscale"):
+        parse_fleet(
+            {
+                "models": [
+                    {
+                        "name": "m",
+                        "engine": "external",
+                        "endpoints": ["http://127.0.0.1:9"],
+                        "autoscale": {},
+                    }
+                ]
+            }
+        )

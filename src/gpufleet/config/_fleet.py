@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
-from gpufleet.policy import HealthConfig, PrefixAwareConfig, RouterConfig
+from gpufleet.policy import AutoscaleConfig, HealthConfig, PrefixAwareConfig, RouterConfig
 
 _NAME: Final = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 """A model's name names its pool and replicas (``llama-3.1-8b-0``) and their log files."""
@@ -46,6 +46,26 @@ class EngineKind(StrEnum):
     """``vllm serve`` child processes (needs vLLM and a GPU)."""
     EXTERNAL = "external"
     """Endpoints someone else runs: nothing is started, ``endpoints`` are routed to."""
+
+
+class StartupConfig(_Strict):
+    """How long a new replica takes to serve: what the simulator models and what
+    ``gpufleet up`` emulates (seeds: 3–10 min to provision a GPU, 30 s–3 min to load a model).
+    """
+
+    provision: float = Field(0.0, ge=0.0)
+    """Seconds before a cold replica's engine starts (a cloud VM or a node joining). Live,
+    the runtime waits this long before it spawns the process; a crash restart does not."""
+    load: float = Field(60.0, ge=0.0)
+    """Seconds the engine takes to load the model and become ready (simulated; live, the
+    engine takes what it takes)."""
+    promote: float = Field(5.0, ge=0.0)
+    """Seconds a prewarmed standby takes to join the routable pool."""
+
+    @property
+    def cold(self) -> float:
+        """A cold start: provisioning + model load."""
+        return self.provision + self.load
 
 
 def _policy_name(value: object) -> object:
@@ -76,6 +96,11 @@ class ModelConfig(_Strict):
     (docs/design/routing.md)."""
     health: HealthConfig = HealthConfig()
     """Outlier detection and active checks (docs/design/health.md)."""
+    autoscale: AutoscaleConfig | None = None
+    """Autoscaling of this pool (docs/design/autoscaling.md); ``None``: a fixed ``replicas``.
+    With it, ``replicas`` is the count the pool starts with (default ``min_replicas``)."""
+    startup: StartupConfig = StartupConfig()
+    """Start-up times: simulated, and emulated live (``provision``)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -90,6 +115,8 @@ class ModelConfig(_Strict):
             for url in self.endpoints:
                 if not url.startswith(("http://", "https://")):
                     raise ValueError(f"endpoints: {url!r} is not an http(s) URL")
+            if self.autoscale is not None:
+                raise ValueError("an external model cannot autoscale: nothing here starts it")
             if self.replicas is not None and self.replicas > len(self.endpoints):
                 raise ValueError(
                     f"replicas: {self.replicas} wanted, {len(self.endpoints)} endpoint(s) given"
@@ -97,6 +124,16 @@ class ModelConfig(_Strict):
             return self
         if self.endpoints:
             raise ValueError(f"endpoints are for external models, not {self.engine.value!r}")
+        scale, count = self.autoscale, self.replicas
+        if (
+            scale is not None
+            and count is not None
+            and not scale.min_replicas <= count <= scale.max_replicas
+        ):
+            raise ValueError(
+                f"replicas: {count} is outside autoscale's "
+                f"[{scale.min_replicas}, {scale.max_replicas}]"
+            )
         try:
             get_gpu(self.gpu)
             if self.engine is EngineKind.SIM:
@@ -114,6 +151,8 @@ class ModelConfig(_Strict):
     def replica_count(self) -> int:
         if self.replicas is not None:
             return self.replicas
+        if self.autoscale is not None:
+            return self.autoscale.min_replicas
         return len(self.endpoints) if self.engine is EngineKind.EXTERNAL else 2
 
 
