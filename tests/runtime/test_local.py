@@ -428,3 +428,46 @@ def test_replicas_die_with_a_killed_owner(tmp_path: Path) -> None:
         _wait_dead(pids, timeout=10)  # PR_SET_PDEATHSIG
     finally:
         owner.kill()
+
+
+@pytest.mark.asyncio
+async def test_scale_retires_the_named_replica_and_standbys_are_promoted_then_refilled(
+    tmp_path: Path,
+) -> None:
+    pool = replace(sim_pool(replicas=2), standby=1, promote_delay_s=0.3)
+    async with runtime([pool], tmp_path) as rt:
+        first = await wait(rt, RuntimeSnapshot.all_ready)
+        # the standby runs and is ready, but is not among the replicas that take traffic
+        assert [r.name for r in first.ready()] == [f"{MODEL}-0", f"{MODEL}-1"]
+        assert [(r.name, r.state) for r in first.standbys()] == [(f"{MODEL}-2", ReplicaState.READY)]
+        assert count(rt, "standby_replicas", pool=MODEL) == 1
+
+        # the caller (the autoscaler) names who leaves: replica 0, not the highest index
+        rt.scale(MODEL, 1, remove=[f"{MODEL}-0"])
+        leaving = rt.snapshot.get(f"{MODEL}-0")
+        assert leaving is not None
+        assert leaving.state is ReplicaState.DRAINING  # out of routing at once
+        gone = await wait(rt, lambda s: s.get(f"{MODEL}-0") is None)
+        assert [r.name for r in gone.ready()] == [f"{MODEL}-1"]
+        assert leaving.pid is not None
+        assert not alive(leaving.pid)
+
+        # promotion: the standby's process serves after the promote delay, and a new
+        # standby (the lowest free index, 0) starts warming in the background
+        standby = first.standbys()[0]
+        assert rt.promote(MODEL, [standby.name, f"{MODEL}-1"]) == (standby.name,)
+        promoted = rt.snapshot.get(standby.name)
+        assert promoted is not None
+        assert not promoted.standby
+        assert promoted.state is ReplicaState.STARTING  # for promote_delay_s
+        serving = await wait(rt, lambda s: len(s.ready()) == 2)
+        now_ready = serving.get(standby.name)
+        assert now_ready is not None
+        assert now_ready.pid == standby.pid  # the same process: no restart
+        refilled = await wait(rt, RuntimeSnapshot.all_ready)
+        assert [r.name for r in refilled.standbys()] == [f"{MODEL}-0"]
+        assert rt.desired == {MODEL: 2}
+        assert count(rt, "promotions_total", pool=MODEL) == 1
+
+        rt.set_standby(MODEL, 0)
+        await wait(rt, lambda s: not s.standbys() and len(s.replicas) == 2)

@@ -2,13 +2,15 @@
 
 ``LocalRuntime`` starts each replica of each pool as a child process on a loopback port,
 publishes which are ready (``snapshot``, ``subscribe``, ``watch``), restarts crashed ones with
-capped exponential backoff, scales pools (``set_desired``), and drains then stops everything on
-the way out. Its decisions come from ``reconcile``, a pure function of ``now``, the desired
-replicas and the observed processes. See docs/design/local-runtime.md.
+capped exponential backoff, scales pools (``scale``: to a count, retiring the replicas the
+caller names; ``set_standby`` / ``promote``: prewarmed standbys), and drains then stops
+everything on the way out. Its decisions come from ``reconcile``, a pure function of
+``now``, the desired replicas and the observed processes. See docs/design/local-runtime.md.
 """
 
 from gpufleet.runtime._launch import LaunchPlan, launch_plan
 from gpufleet.runtime._local import LocalRuntime, in_flight
+from gpufleet.runtime._members import PoolMembers
 from gpufleet.runtime._metrics import RuntimeMetrics
 from gpufleet.runtime._reconcile import (
     LIVE,
@@ -54,6 +56,7 @@ __all__ = [
     "LocalRuntime",
     "Phase",
     "Plan",
+    "PoolMembers",
     "PoolSpec",
     "ProcessState",
     "ReplicaSpec",

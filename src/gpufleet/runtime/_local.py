@@ -24,6 +24,7 @@ from typing import Any, Final, Self
 import httpx
 from prometheus_client import CollectorRegistry
 
+from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.runtime._launch import (
     die_with_parent,
     find_url,
@@ -32,6 +33,7 @@ from gpufleet.runtime._launch import (
     reserve_port,
     signal_group,
 )
+from gpufleet.runtime._members import PoolMembers
 from gpufleet.runtime._metrics import CrashReason, RuntimeMetrics
 from gpufleet.runtime._reconcile import (
     LIVE,
@@ -57,7 +59,6 @@ from gpufleet.runtime._spec import (
     PoolSpec,
     ReplicaSpec,
     check_count,
-    desired_replicas,
 )
 
 logger = logging.getLogger("gpufleet.runtime")
@@ -130,19 +131,26 @@ class LocalRuntime:
             if pool.name in self._pools:
                 raise ValueError(f"pool {pool.name!r} is given twice")
             self._pools[pool.name] = pool
-        self._counts = {name: pool.replicas for name, pool in self._pools.items()}
+        self._members = {
+            name: PoolMembers.first(pool.replicas, pool.standby)
+            for name, pool in self._pools.items()
+        }
+        self._promoting: dict[ReplicaId, float] = {}
+        """Promoted standbys shown STARTING until this loop time (the pool's promote delay)."""
         self.run_dir = Path(run_dir)
         self.settings = settings
         self.host = host
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = RuntimeMetrics(self.registry)
-        for name, count in self._counts.items():
+        for name, pool in self._pools.items():
             self._metrics.add_pool(name)
-            self._metrics.desired.labels(name).set(count)
+            self._metrics.desired.labels(name).set(pool.replicas)
         self._handle_signals = handle_signals
         self._replicas: dict[str, _Replica] = {}
         self._listeners: list[Listener] = []
-        self._snapshot = RuntimeSnapshot(0, (), MappingProxyType(dict(self._counts)))
+        self._snapshot = RuntimeSnapshot(
+            0, (), MappingProxyType(self._counts()), MappingProxyType(self._standby_targets())
+        )
         self._published = asyncio.Event()
         self._wake = asyncio.Event()
         self._all_stopped = asyncio.Event()
@@ -171,8 +179,14 @@ class LocalRuntime:
 
     @property
     def desired(self) -> dict[str, int]:
-        """Wanted replica count per pool."""
-        return dict(self._counts)
+        """Wanted serving replica count per pool (standbys not counted)."""
+        return self._counts()
+
+    def _counts(self) -> dict[str, int]:
+        return {name: len(m.serving) for name, m in self._members.items()}
+
+    def _standby_targets(self) -> dict[str, int]:
+        return {name: m.standby_target for name, m in self._members.items()}
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(snapshot)`` on every change, now included; returns the unsubscriber.
@@ -212,22 +226,89 @@ class LocalRuntime:
                 raise RuntimeError("the runtime stopped before the condition held")
             await published.wait()
 
-    # -- what the autoscaler (later) calls ------------------------------------------------
+    # -- what the autoscaler calls ---------------------------------------------------------
 
     def set_desired(self, pool: str, count: int) -> None:
-        """Scale ``pool`` to ``count`` replicas: indices ``0 .. count-1``.
+        """Scale ``pool`` to ``count`` serving replicas; scale-in retires the highest indices.
 
         New replicas start (after the pool's start delay); removed ones are drained, then
         stopped. Returns at once; watch the snapshot for the outcome.
         """
+        self.scale(pool, count)
+
+    def scale(self, pool: str, count: int, remove: Sequence[str] = ()) -> None:
+        """Scale ``pool`` to ``count`` serving replicas, retiring the ``remove``d ones first.
+
+        ``remove`` names replicas of the pool (the autoscaler's least loaded); a name that is
+        not serving (already draining, unknown) is ignored, so repeating a call is harmless.
+        Past them, the highest indices go; new replicas take the lowest free index. A removed
+        replica is published DRAINING at once (no new requests), stopped when its in-flight
+        requests have finished or ``drain_timeout_s`` passed.
+        """
+        members = self._pool_members(pool)
+        check_count(self._pools[pool], count)
+        members.scale(count, self._indices(pool, remove), self._taken(pool))
+        self._metrics.desired.labels(pool).set(count)
+        self._changed()
+
+    def set_standby(self, pool: str, count: int) -> None:
+        """Keep ``count`` prewarmed standbys in ``pool``: started and ready, never routed
+        (``ReplicaStatus.standby``), refilled in the background after each promotion."""
+        members = self._pool_members(pool)
+        if count < 0:
+            raise ValueError(f"pool {pool!r}: standby count must be >= 0, got {count}")
+        members.standby_target = count
+        members.refill(self._taken(pool), self._warming_first(pool))
+        self._changed()
+
+    def promote(self, pool: str, names: Sequence[str]) -> tuple[ReplicaId, ...]:
+        """Move these standbys of ``pool`` into service (others are ignored) and start their
+        replacements; returns the names moved. A promoted standby keeps its process: it is
+        shown STARTING for the pool's ``promote_delay_s``, then READY (at once if it was
+        still warming up: then it is READY when its engine is)."""
+        members = self._pool_members(pool)
+        moved = members.promote(self._indices(pool, names))
+        due = asyncio.get_running_loop().time() + self._pools[pool].promote_delay_s
+        spec = self._pools[pool]
+        promoted = tuple(spec.replica(i).name for i in moved)
+        for name in promoted:
+            if spec.promote_delay_s > 0:
+                self._promoting[name] = due
+                asyncio.get_running_loop().call_at(due, self._changed)
+            self._metrics.promotions.labels(pool).inc()
+        members.refill(self._taken(pool), self._warming_first(pool))
+        self._metrics.desired.labels(pool).set(len(members.serving))
+        self._changed()
+        return promoted
+
+    def _pool_members(self, pool: str) -> PoolMembers:
         if pool not in self._pools:
             raise KeyError(f"unknown pool {pool!r}; pools: {', '.join(self._pools)}")
         if self._closing:
             raise RuntimeError("the runtime is stopping")
-        check_count(self._pools[pool], count)
-        self._counts[pool] = count
-        self._metrics.desired.labels(pool).set(count)
-        self._changed()
+        return self._members[pool]
+
+    def _indices(self, pool: str, names: Sequence[str]) -> list[int]:
+        """The indices of the named replicas of ``pool`` that the runtime knows."""
+        spec = self._pools[pool]
+        known: dict[str, int] = {
+            r.spec.name: r.spec.index for r in self._replicas.values() if r.spec.pool == pool
+        }
+        known.update({spec.replica(i).name: i for i in self._members[pool].wanted()})
+        return [known[n] for n in names if n in known]
+
+    def _taken(self, pool: str) -> set[int]:
+        """Indices of every replica record of ``pool`` (draining and stopping ones too)."""
+        return {r.spec.index for r in self._replicas.values() if r.spec.pool == pool}
+
+    def _warming_first(self, pool: str) -> list[int]:
+        """The pool's standbys, those not ready yet first (retired first if too many)."""
+        standby = self._members[pool].standby
+        records = {r.spec.index: r for r in self._replicas.values() if r.spec.pool == pool}
+        return sorted(
+            standby,
+            key=lambda i: (i in records and records[i].state.phase is Phase.READY, -i),
+        )
 
     # -- lifespan -------------------------------------------------------------------------
 
@@ -275,8 +356,10 @@ class LocalRuntime:
     async def _shutdown(self) -> None:
         """Drain and stop everything through the reconciler; kill what is left after that."""
         self._closing = True
-        for pool in self._counts:
-            self._counts[pool] = 0
+        for pool, members in self._members.items():
+            members.serving.clear()
+            members.standby.clear()
+            members.standby_target = 0
             self._metrics.desired.labels(pool).set(0)
         self._changed()
         budget = (
@@ -318,7 +401,11 @@ class LocalRuntime:
         while True:
             self._wake.clear()
             observed = {name: r.state for name, r in self._replicas.items()}
-            desired = desired_replicas(list(self._pools.values()), self._counts)
+            desired = [
+                pool.replica(i)
+                for name, pool in self._pools.items()
+                for i in self._members[name].wanted()
+            ]
             plan = reconcile(loop.time(), desired, observed, self.settings)
             for action in plan.actions:
                 await self._apply(action)
@@ -553,21 +640,35 @@ class LocalRuntime:
 
     def _publish(self) -> None:
         order = {name: i for i, name in enumerate(self._pools)}
+        now = asyncio.get_running_loop().time()
+        for name in [n for n, due in self._promoting.items() if due <= now]:
+            del self._promoting[name]
         replicas = tuple(
             self._status(r)
             for r in sorted(
                 self._replicas.values(), key=lambda r: (order[r.spec.pool], r.spec.index)
             )
         )
-        old = self._snapshot
-        if (replicas, dict(old.desired), old.closed) == (old.replicas, self._counts, self._closed):
+        old, counts, standby = self._snapshot, self._counts(), self._standby_targets()
+        if (replicas, dict(old.desired), dict(old.standby), old.closed) == (
+            old.replicas,
+            counts,
+            standby,
+            self._closed,
+        ):
             return
         new = RuntimeSnapshot(
-            old.version + 1, replicas, MappingProxyType(dict(self._counts)), self._closed
+            old.version + 1,
+            replicas,
+            MappingProxyType(counts),
+            MappingProxyType(standby),
+            self._closed,
         )
         self._snapshot = new
         for pool in self._pools:
             self._metrics.ready.labels(pool).set(len(new.ready(pool)))
+            ready_standbys = sum(1 for r in new.standbys(pool) if r.phase is Phase.READY)
+            self._metrics.standby.labels(pool).set(ready_standbys)
         for listener in list(self._listeners):
             try:
                 listener(new)
@@ -576,16 +677,25 @@ class LocalRuntime:
         published, self._published = self._published, asyncio.Event()
         published.set()
 
-    @staticmethod
-    def _status(replica: _Replica) -> ReplicaStatus:
+    def _status(self, replica: _Replica) -> ReplicaStatus:
         spec, phase = replica.spec, replica.state.phase
+        state = FLEET_STATE[phase]
+        members = self._members[spec.pool]
+        if state is ReplicaState.READY and spec.name in self._promoting:
+            state = ReplicaState.STARTING  # promoted; joins after the promote delay
+        elif phase is Phase.READY and spec.index not in members.serving | members.standby:
+            # retired: shown draining from the call that retired it, before the reconciler
+            # runs, so the gateway sends it nothing new
+            state = ReplicaState.DRAINING
         return ReplicaStatus(
             name=spec.name,
             pool=spec.pool,
             model=spec.engine.served_name,
             engine=spec.engine.kind,
-            state=FLEET_STATE[phase],
+            state=state,
             phase=phase,
+            standby=spec.index in members.standby,
+            since=replica.state.since,
             url=replica.url if phase in LIVE else None,
             pid=replica.process.pid if replica.process is not None else None,
             restarts=replica.restarts,

@@ -71,6 +71,18 @@ class RuntimeMetrics:
             ["pool"],
             registry=registry,
         )
+        self.standby = Gauge(
+            "gpufleet:runtime_standby_replicas",
+            "Prewarmed standbys ready to be promoted.",
+            ["pool"],
+            registry=registry,
+        )
+        self.promotions = Counter(
+            "gpufleet:runtime_promotions",
+            "Standbys promoted into service.",
+            ["pool"],
+            registry=registry,
+        )
         self.start_seconds = Histogram(
             "gpufleet:runtime_replica_start_seconds",
             "Seconds from launching a replica to its first healthy answer.",
@@ -91,4 +103,6 @@ class RuntimeMetrics:
             self.stops.labels(pool, sig)
         self.ready.labels(pool)
         self.desired.labels(pool)
+        self.standby.labels(pool)
+        self.promotions.labels(pool)
         self.start_seconds.labels(pool)

@@ -49,6 +49,11 @@ class ReplicaStatus:
     """Its log file (stdout and stderr of every launch); ``None`` for external replicas."""
     last_error: str | None
     """Why it last failed, with the last lines of its log; cleared when it is ready again."""
+    standby: bool = False
+    """A prewarmed standby: started (and, once ``phase`` is READY, ready) but not to be
+    routed to until it is promoted. ``state`` is its process's state."""
+    since: float = 0.0
+    """When it entered ``phase`` (the runtime's loop clock)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,26 +64,37 @@ class RuntimeSnapshot:
     replicas: tuple[ReplicaStatus, ...]
     """In pool then index order."""
     desired: Mapping[str, int] = field(default_factory=dict)
-    """Wanted replica count per pool."""
+    """Wanted serving replica count per pool (standbys not counted)."""
+    standby: Mapping[str, int] = field(default_factory=dict)
+    """Wanted standby count per pool."""
     closed: bool = False
     """The runtime has stopped: nothing runs, no further snapshot comes."""
 
     def ready(self, pool: str | None = None) -> tuple[ReplicaStatus, ...]:
-        """Replicas that take traffic, of one pool or all."""
+        """Replicas that take traffic (ready, not standing by), of one pool or all."""
         return tuple(
             r
             for r in self.replicas
-            if r.state is ReplicaState.READY and (pool is None or r.pool == pool)
+            if r.state is ReplicaState.READY and not r.standby and (pool is None or r.pool == pool)
         )
+
+    def standbys(self, pool: str | None = None) -> tuple[ReplicaStatus, ...]:
+        """Prewarmed standbys (ready or still warming), of one pool or all."""
+        return tuple(r for r in self.replicas if r.standby and (pool is None or r.pool == pool))
 
     def get(self, name: str) -> ReplicaStatus | None:
         """The replica called ``name``, if the runtime manages it."""
         return next((r for r in self.replicas if r.name == name), None)
 
     def all_ready(self) -> bool:
-        """Every pool has exactly its desired count of replicas, all ready."""
+        """Every pool has exactly its desired count of serving replicas and of standbys,
+        all ready."""
         for pool, count in self.desired.items():
             mine = [r for r in self.replicas if r.pool == pool]
-            if len(mine) != count or any(r.state is not ReplicaState.READY for r in mine):
+            serving = [r for r in mine if not r.standby]
+            standby = [r for r in mine if r.standby]
+            if len(serving) != count or len(standby) != self.standby.get(pool, 0):
+                return False
+            if any(r.state is not ReplicaState.READY for r in mine):
                 return False
         return True

@@ -6,8 +6,9 @@ A pool is a template and a count; replica ``i`` of pool ``p`` is named ``f"{p}-{
     [spec.name for spec in desired_replicas([pool], {"llama-3.1-8b": 2})]
     # ['llama-3.1-8b-0', 'llama-3.1-8b-1']
 
-Scaling a pool to ``n`` keeps indices ``0 .. n-1``: scale-in retires the highest indices, and a
-replica's name never depends on start order, timing or a counter that a restart would move.
+A new pool serves ``0 .. n-1``. The runtime's ``scale`` may retire any named replica (the
+autoscaler picks the least loaded); a new one takes the lowest index no live replica has, so a
+replica's name never depends on timing or a counter that a restart would move.
 """
 
 from __future__ import annotations
@@ -122,17 +123,27 @@ class ReplicaSpec:
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
-    """A pool: a name, a recipe, an initial replica count and a provisioning delay."""
+    """A pool: a name, a recipe, an initial replica count and a provisioning delay.
+
+    ``standby`` prewarmed replicas run beside the serving ones (started, ready, not routed);
+    a promoted standby is shown ``STARTING`` for ``promote_delay_s`` (a real standby's
+    attach-and-warm time) before it is ``READY``.
+    """
 
     name: str
     engine: EngineSpec
     replicas: int = 1
     start_delay_s: float = 0.0
+    standby: int = 0
+    promote_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_pool_name(self.name)
         _check_delay(self.start_delay_s)
+        _check_delay(self.promote_delay_s, "promote_delay_s")
         check_count(self, self.replicas)
+        if self.standby < 0:
+            raise ValueError(f"pool {self.name!r}: standby must be >= 0, got {self.standby}")
 
     def replica(self, index: int) -> ReplicaSpec:
         """The spec of replica ``index`` (whatever the current count)."""
@@ -163,6 +174,6 @@ def _check_pool_name(name: str) -> None:
         )
 
 
-def _check_delay(seconds: float) -> None:
+def _check_delay(seconds: float, name: str = "start_delay_s") -> None:
     if not (math.isfinite(seconds) and seconds >= 0):
-        raise ValueError(f"start_delay_s must be finite and >= 0, got {seconds}")
+        raise ValueError(f"{name} must be finite and >= 0, got {seconds}")
