@@ -21,15 +21,17 @@ from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._errors import user_errors
 from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, load_fleet
+from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.gateway import (
     SERVER_OPTIONS,
     ReplicaSource,
+    ScaleActuator,
     Upstream,
     create_gateway,
     no_spare_message,
     required_replicas,
 )
-from gpufleet.policy import Redundancy
+from gpufleet.policy import Redundancy, Standby
 from gpufleet.runtime import (
     EngineKind,
     EngineSpec,
@@ -42,20 +44,48 @@ READY_TIMEOUT_S = 120.0
 
 
 class RuntimeReplicas(ReplicaSource):
-    """The local runtime's snapshots as the gateway's replica list."""
+    """The local runtime's snapshots as the gateway's replica list (standbys left out: the
+    gateway never routes to them; it learns of them from :class:`RuntimeActuator`)."""
 
     def __init__(self, runtime: LocalRuntime) -> None:
         self._runtime = runtime
 
     def subscribe(self, listener: Callable[[Sequence[Upstream]], None]) -> Callable[[], None]:
         def forward(snapshot: RuntimeSnapshot) -> None:
-            listener([Upstream(r.name, r.model, r.url, r.state) for r in snapshot.replicas])
+            listener(
+                [
+                    Upstream(r.name, r.model, r.url, r.state)
+                    for r in snapshot.replicas
+                    if not r.standby
+                ]
+            )
 
         return self._runtime.subscribe(forward)
 
 
+class RuntimeActuator(ScaleActuator):
+    """The gateway's autoscaler acting on the local runtime: counts and names only."""
+
+    def __init__(self, runtime: LocalRuntime) -> None:
+        self._runtime = runtime
+
+    def scale(self, pool: str, count: int, remove: Sequence[ReplicaId] = ()) -> None:
+        self._runtime.scale(pool, count, remove)
+
+    def promote(self, pool: str, replicas: Sequence[ReplicaId]) -> None:
+        self._runtime.promote(pool, replicas)
+
+    def standbys(self, pool: str) -> tuple[Standby, ...]:
+        return tuple(
+            Standby(r.name, ready=r.state is ReplicaState.READY, since=r.since)
+            for r in self._runtime.snapshot.standbys(pool)
+        )
+
+
 def pool_spec(model: ModelConfig) -> PoolSpec:
-    """The runtime's pool for one model of the fleet file."""
+    """The runtime's pool for one model of the fleet file: a new replica waits
+    ``startup.provision`` before its process starts; an autoscaled pool keeps
+    ``autoscale.prewarm`` standbys, promoted in ``startup.promote`` seconds."""
     served = model.served_model
     engine = EngineSpec(
         model=served,
@@ -66,7 +96,15 @@ def pool_spec(model: ModelConfig) -> PoolSpec:
         args=model.args,
         endpoints=model.endpoints,
     )
-    return PoolSpec(model.name, engine, replicas=model.replica_count)
+    prewarm = model.autoscale.prewarm if model.autoscale is not None else 0
+    return PoolSpec(
+        model.name,
+        engine,
+        replicas=model.replica_count,
+        start_delay_s=model.startup.provision,
+        standby=prewarm,
+        promote_delay_s=model.startup.promote,
+    )
 
 
 def up(
@@ -128,6 +166,8 @@ async def _serve(
 ) -> None:
     # the gateway's and the runtime's warnings (N+1 lost, a replica restarted) on stderr
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
+    # every autoscaling decision that acts, as one JSON line with its inputs
+    logging.getLogger("gpufleet.autoscale").setLevel(logging.INFO)
     registry = CollectorRegistry()
     count = sum(p.replicas for p in pools)
     typer.echo(f"gpufleet up: {len(pools)} model(s), {count} replica(s), logs in {run_dir}")
@@ -146,7 +186,13 @@ async def _serve(
             typer.echo(f"  replica {replica.name:<24} {replica.state.value:<9} {where}  {pid}")
         for line in spare_warnings(config, snapshot):
             typer.echo(line)
-        app = create_gateway(config, RuntimeReplicas(runtime), registry)
+        scaled = any(m.autoscale is not None for m in config.models)
+        app = create_gateway(
+            config,
+            RuntimeReplicas(runtime),
+            registry,
+            actuator=RuntimeActuator(runtime) if scaled else None,
+        )
         server = uvicorn.Server(
             uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **SERVER_OPTIONS)
         )

@@ -180,6 +180,20 @@ class RetryConfig(_Strict):
     """… but this many retries at once are always allowed."""
 
 
+class AutoscalerConfig(_Strict):
+    """The gateway's autoscaling loop, for the models that have ``autoscale``."""
+
+    interval: float = Field(1.0, gt=0.0)
+    """Seconds between two decisions per pool (sooner when a decision's ``next_at`` or a
+    request held at an empty pool asks)."""
+    hold_requests: int = Field(256, ge=0)
+    """Requests an autoscaled pool with no ready replica holds at once (scale from zero); one
+    more gets a 503 with ``Retry-After`` at once. 0: never hold."""
+    hold_timeout: float = Field(60.0, gt=0.0)
+    """Longest wait of a held request for a ready replica; then a 503 with ``Retry-After``.
+    A cold start takes ``startup.provision`` + the engine's load: set this above it."""
+
+
 class GatewayConfig(_Strict):
     """The gateway's address and its upstream behaviour."""
 
@@ -197,6 +211,8 @@ class GatewayConfig(_Strict):
     """Upstream connections, kept alive and pooled, over all replicas."""
     seed: int = 0
     """Seed of the routers' and health policies' tie-breaking draws."""
+    autoscaler: AutoscalerConfig = AutoscalerConfig()
+    """The autoscaling loop and the hold queue of scale from zero (docs/gateway.md)."""
 
 
 class FleetConfig(_Strict):

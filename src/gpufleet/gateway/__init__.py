@@ -2,10 +2,18 @@
 
 ``create_gateway(config, replica_source, registry)`` returns a pure ASGI app (docs/gateway.md).
 The replicas come from a :class:`ReplicaSource` the shell feeds (``gpufleet up`` adapts the
-local runtime); upstream requests go through one seam, :class:`ReplicaClient`.
+local runtime); upstream requests go through one seam, :class:`ReplicaClient`. Models with
+``autoscale`` are scaled by the gateway's :class:`AutoscaleController` through a
+:class:`ScaleActuator` (``gpufleet up``: the local runtime).
 """
 
 from gpufleet.gateway._app import SERVER_OPTIONS, Gateway, create_gateway
+from gpufleet.gateway._autoscale import (
+    AutoscaleController,
+    AutoscaleMetrics,
+    ScaleActuator,
+    decision_record,
+)
 from gpufleet.gateway._errors import (
     BadRequestError,
     GatewayError,
@@ -29,6 +37,8 @@ from gpufleet.gateway._upstream import (
 
 __all__ = [
     "SERVER_OPTIONS",
+    "AutoscaleController",
+    "AutoscaleMetrics",
     "BadRequestError",
     "Gateway",
     "GatewayError",
@@ -41,12 +51,14 @@ __all__ = [
     "ReplicaClient",
     "ReplicaOriginError",
     "ReplicaSource",
+    "ScaleActuator",
     "StaticReplicas",
     "Upstream",
     "UpstreamError",
     "UpstreamRequest",
     "UpstreamResponse",
     "create_gateway",
+    "decision_record",
     "no_spare_message",
     "parse_engine_metrics",
     "required_replicas",

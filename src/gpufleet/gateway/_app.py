@@ -17,13 +17,14 @@ import asyncio
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gpufleet.config import FleetConfig
+from gpufleet.config import FleetConfig, ModelConfig
 from gpufleet.fleet import (
     Outcome,
     ProbeResult,
@@ -33,6 +34,7 @@ from gpufleet.fleet import (
     RouteRequest,
     text_prefix_hashes,
 )
+from gpufleet.gateway._autoscale import AutoscaleController, ScaleActuator
 from gpufleet.gateway._errors import (
     BadRequestError,
     GatewayError,
@@ -53,7 +55,7 @@ from gpufleet.gateway._replicas import ReplicaSource
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._state import FleetState, Pool
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
-from gpufleet.policy import retry_allowed
+from gpufleet.policy import Ranking, retry_allowed
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -82,6 +84,7 @@ class Gateway:
         *,
         client: ReplicaClient | None = None,
         clock: Callable[[], float] = time.monotonic,
+        actuator: ScaleActuator | None = None,
     ) -> None:
         self.config = config
         self._source = source
@@ -92,6 +95,20 @@ class Gateway:
         self.metrics = GatewayMetrics(registry)
         self._wake = asyncio.Event()
         self.fleet = FleetState(config, self.metrics, clock, self._wake.set)
+        self.in_flight: Counter[ReplicaId] = Counter()
+        """Attempts in flight per replica (the autoscaler's drain choice reads it)."""
+        self.autoscaler = (
+            None
+            if actuator is None
+            else AutoscaleController(
+                config,
+                self.fleet,
+                actuator,
+                registry,
+                clock=clock,
+                in_flight=self.in_flight.__getitem__,
+            )
+        )
         self._created = int(time.time())
         self._active = 0
         self._active_retries = 0
@@ -203,8 +220,10 @@ class Gateway:
                 stack.callback(self._source.subscribe(self.fleet.set_replicas))
                 async with asyncio.TaskGroup() as tg:
                     loops = [tg.create_task(self._health_loop(tg), name="gateway-health")]
-                    if any(m.routing.policy in _SCRAPED_POLICIES for m in self.config.models):
+                    if any(_scraped(m) for m in self.config.models):
                         loops.append(tg.create_task(self._scrape_loop(), name="gateway-scrape"))
+                    if self.autoscaler is not None:
+                        loops.append(tg.create_task(self.autoscaler.run(), name="autoscaler"))
                     await send({"type": "lifespan.startup.complete"})
                     await receive()  # lifespan.shutdown
                     for task in loops:
@@ -247,7 +266,7 @@ class Gateway:
 
     async def _scrape_loop(self) -> None:
         interval = self.config.gateway.scrape_interval
-        scraped = {m.name for m in self.config.models if m.routing.policy in _SCRAPED_POLICIES}
+        scraped = {m.name for m in self.config.models if _scraped(m)}
         while True:
             targets = [
                 (name, u.url)
@@ -297,6 +316,8 @@ class Gateway:
         pool = self.fleet.pools.get(model)
         if pool is None:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
+        if self.autoscaler is not None:
+            self.autoscaler.arrived(model)
         status = 500
         self._active += 1
         watch = _DisconnectWatch(receive)
@@ -349,7 +370,7 @@ class Gateway:
             session_key=session if isinstance(session, str) else None,
         )
         now = self._clock()
-        ranking = pool.router.rank(now, request, self.fleet.view)
+        ranking = await self._rank(pool, request, now)
         metrics = self.metrics
         metrics.child(
             metrics.routing, model, ranking.policy, "true" if ranking.panic else "false"
@@ -382,6 +403,7 @@ class Gateway:
             pool.router.on_request_start(self._clock(), request, replica)
             in_flight = metrics.child(metrics.in_flight, replica)
             in_flight.inc()
+            self.in_flight[replica] += 1
             outcome = Outcome.CANCELLED
             try:
                 status, outcome = await self._attempt(
@@ -394,6 +416,7 @@ class Gateway:
                 if retry:
                     self._active_retries -= 1
                 in_flight.dec()
+                self.in_flight[replica] -= 1
                 end = self._clock()
                 pool.router.on_request_end(end, request, replica, outcome)
                 metrics.child(metrics.attempts, replica, outcome.value).inc()
@@ -403,6 +426,16 @@ class Gateway:
             f"no replica of `{model}` could take the request{why}",
             self.config.gateway.retry_after,
         )
+
+    async def _rank(self, pool: Pool, request: RouteRequest, now: float) -> Ranking:
+        """The router's ranking; an autoscaled pool with no routable replica (scale from
+        zero, or still starting) first holds the request until it has one (bounded)."""
+        ranking = pool.router.rank(now, request, self.fleet.view)
+        model = pool.config.name
+        if ranking.tiers or self.autoscaler is None or not self.autoscaler.holds(model):
+            return ranking
+        await self.autoscaler.hold(model)
+        return pool.router.rank(self._clock(), request, self.fleet.view)
 
     def _may_retry(self) -> bool:
         retry = self._retry
@@ -521,12 +554,14 @@ def create_gateway(
     *,
     client: ReplicaClient | None = None,
     clock: Callable[[], float] = time.monotonic,
+    actuator: ScaleActuator | None = None,
 ) -> Gateway:
     """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
 
-    Metrics go to ``registry``; ``client`` replaces the HTTP upstream client (tests).
+    Metrics go to ``registry``; ``client`` replaces the HTTP upstream client (tests). With an
+    ``actuator``, the models with ``autoscale`` are scaled through it (docs/gateway.md).
     """
-    return Gateway(config, replica_source, registry, client=client, clock=clock)
+    return Gateway(config, replica_source, registry, client=client, clock=clock, actuator=actuator)
 
 
 async def _respond(
@@ -606,6 +641,11 @@ class _DisconnectWatch:
             self._owner.uncancel()
         self._owner = None
         return fired
+
+
+def _scraped(model: ModelConfig) -> bool:
+    """Routing by scraped load, or autoscaling on saturation, needs the engines' metrics."""
+    return model.routing.policy in _SCRAPED_POLICIES or model.autoscale is not None
 
 
 def _parse(body: bytes, chat: bool) -> dict[str, Any]:
