@@ -174,3 +174,88 @@ async def test_load_steps_up_replicas_join_slo_recovers_and_step_down_drains_wit
     # the SLO recovered: late requests' P90 TTFT well under the service time of one request
     assert len(recovered) > 20
     assert p90(recovered) < 0.3
+
+
+def zero_pool(name: str, provision: float) -> dict[str, object]:
+    return {
+        "name": name,
+        "model": MODEL,
+        "args": ENGINE,
+        "health": {"active": {"interval": 0.2}},
+        "startup": {"provision": provision, "promote": 0.2},
+        "autoscale": {
+            "scale_to_zero": True,
+            "min_replicas": 0,
+            "max_replicas": 2,
+            "max_num_seqs": SEQS,
+            "stable_window": 2,
+            "panic_window": 0.5,
+            "scale_down_cooldown": 1,
+            "idle_time": 1,
+            "forecast": {"enabled": False},
+        },
+    }
+
+
+ZERO_FLEET = {
+    "gateway": {
+        "retry_after": 2,
+        "autoscaler": {"interval": 0.25, "hold_requests": 2, "hold_timeout": 10},
+    },
+    # "warm" cold-starts in about a second; "slow" takes a minute to provision
+    "models": [zero_pool("warm", provision=0.0), zero_pool("slow", provision=60.0)],
+}
+
+
+async def complete(fleet: LiveFleet, model: str) -> tuple[int, str | None, float]:
+    """One completion: (status, Retry-After, seconds)."""
+    start = time.monotonic()
+    client = openai.AsyncOpenAI(base_url=fleet.v1, api_key="none", max_retries=0)
+    async with client:
+        try:
+            await client.completions.create(model=model, prompt="Hello", max_tokens=5)
+        except openai.APIStatusError as error:
+            retry = error.response.headers.get("retry-after")
+            return error.status_code, retry, time.monotonic() - start
+    return 200, None, time.monotonic() - start
+
+
+@pytest.mark.asyncio
+async def test_scale_from_zero_holds_requests_then_serves_and_503s_past_the_bound(
+    tmp_path: Path,
+) -> None:
+    config = fleet_file(ZERO_FLEET)
+    async with live_fleet(config, tmp_path) as fleet:
+        assert fleet.runtime.snapshot.replicas == ()
+        warm = asyncio.create_task(complete(fleet, "warm"))
+        slow = [asyncio.create_task(complete(fleet, "slow")) for _ in range(2)]
+        async with asyncio.timeout(10):
+            while fleet.sample("gpufleet:autoscale_held_requests", model="slow") < 2:
+                await asyncio.sleep(0.02)
+        # the hold queue of "slow" is full: one more is refused at once
+        full = await complete(fleet, "slow")
+        assert full[:2] == (503, "2")
+        assert full[2] < 1.0
+
+        # held at zero, the request cold-started a replica and was served by it
+        status, _, cold_start = await warm
+        assert status == 200
+        assert fleet.sample("gpufleet:autoscale_held_total", model="warm", outcome="served") == 1
+        cold = fleet.sample(
+            "gpufleet:autoscale_decisions_total",
+            model="warm",
+            direction="up",
+            bound_by="cold_start",
+        )
+        assert cold >= 1
+
+        # nothing is ready for "slow" within the hold timeout: 503 with Retry-After
+        for status, retry, waited in await asyncio.gather(*slow):
+            assert (status, retry) == (503, "2")
+            assert waited >= 9.5
+        assert fleet.sample("gpufleet:autoscale_held_total", model="slow", outcome="timeout") == 2
+        assert fleet.sample("gpufleet:autoscale_held_total", model="slow", outcome="full") == 1
+
+        # idle for idle_time: "warm" goes back to zero (drained, stopped)
+        await fleet.until(lambda s: not [r for r in s.replicas if r.pool == "warm"], timeout=20)
+        print(f"\nscale from zero: the held request was served after {cold_start:.2f} s")
