@@ -183,7 +183,10 @@ async def _serve(
         for replica in snapshot.replicas:
             where = replica.url or "-"
             pid = f"pid {replica.pid}" if replica.pid is not None else replica.engine.value
-            typer.echo(f"  replica {replica.name:<24} {replica.state.value:<9} {where}  {pid}")
+            role = "  (standby)" if replica.standby else ""
+            typer.echo(
+                f"  replica {replica.name:<24} {replica.state.value:<9} {where}  {pid}{role}"
+            )
         for line in spare_warnings(config, snapshot):
             typer.echo(line)
         scaled = any(m.autoscale is not None for m in config.models)
