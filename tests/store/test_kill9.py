@@ -25,7 +25,7 @@ journal.start()
 i = 0
 while True:
     rid = f"req-{i}"
-    journal.append("usage", {"request_id": rid, "time": time.time(), "tenant": "t",
+    journal.append("usage", {"id": rid, "request_id": rid, "time": time.time(), "tenant": "t",
         "key_id": "k", "model": "m", "replica": "m-0", "status": 200, "prompt_tokens": 1,
         "cached_tokens": 0, "completion_tokens": 1, "queue_s": 0.0, "ttft_s": 0.0,
         "e2e_s": 0.0})

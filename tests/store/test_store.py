@@ -28,6 +28,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def usage_row(request_id: str, tenant: str = "a", status: int = 200) -> dict[str, object]:
     return {
+        "id": request_id,
         "request_id": request_id,
         "time": 1000.0,
         "tenant": tenant,

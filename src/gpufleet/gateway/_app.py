@@ -33,6 +33,7 @@ from gpufleet.fleet import (
     RouteRequest,
     text_prefix_hashes,
 )
+from gpufleet.gateway._admin import handle_admin
 from gpufleet.gateway._errors import (
     BadRequestError,
     GatewayError,
@@ -52,6 +53,7 @@ from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._state import FleetState, Pool
+from gpufleet.gateway._tenancy import OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
 from gpufleet.policy import retry_allowed
 
@@ -82,8 +84,11 @@ class Gateway:
         *,
         client: ReplicaClient | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.config = config
+        self.tenancy = tenancy
+        """Auth, quotas, admission and the ledger (docs/tenants.md); ``None``: auth off."""
         self._source = source
         self._registry = registry
         self._client_given = client
@@ -136,6 +141,12 @@ class Gateway:
         rid = (b"x-request-id", request_id.encode("latin-1"))
         path, method = scope["path"], scope["method"]
         try:
+            tenancy = self.tenancy
+            if tenancy is not None and path not in OPEN_PATHS:
+                if path.startswith("/admin"):
+                    await handle_admin(tenancy, scope, receive, send, rid)
+                    return
+                tenancy.authenticate(scope, path)
             chat = _COMPLETIONS.get(path)
             if chat is not None:
                 if method != "POST":
@@ -201,8 +212,13 @@ class Gateway:
                         )
                     )
                 stack.callback(self._source.subscribe(self.fleet.set_replicas))
+                if self.tenancy is not None:
+                    self.tenancy.open(lambda: self.fleet.view)
+                    stack.callback(self.tenancy.close)
                 async with asyncio.TaskGroup() as tg:
                     loops = [tg.create_task(self._health_loop(tg), name="gateway-health")]
+                    if self.tenancy is not None:
+                        loops.append(tg.create_task(self.tenancy.refresh_loop()))
                     if any(m.routing.policy in _SCRAPED_POLICIES for m in self.config.models):
                         loops.append(tg.create_task(self._scrape_loop(), name="gateway-scrape"))
                     await send({"type": "lifespan.startup.complete"})
@@ -297,6 +313,17 @@ class Gateway:
         pool = self.fleet.pools.get(model)
         if pool is None:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
+        admitted = None
+        if self.tenancy is not None:
+            admitted, body = await self.tenancy.admit(
+                scope,
+                model,
+                payload,
+                body,
+                request_id=request_id,
+                arrived=arrived,
+                prompt_estimate=len(_prompt_text(payload)) // 4,
+            )
         status = 500
         self._active += 1
         watch = _DisconnectWatch(receive)
@@ -311,6 +338,7 @@ class Gateway:
                 request_id=request_id,
                 rid=rid,
                 arrived=arrived,
+                admitted=admitted,
             )
         except asyncio.CancelledError:
             if not watch.stop():
@@ -321,6 +349,8 @@ class Gateway:
             raise
         finally:
             watch.stop()
+            if admitted is not None and self.tenancy is not None:
+                self.tenancy.finish(admitted, status)
             self._active -= 1
             self.metrics.child(self.metrics.requests, model, str(status)).inc()
             self.metrics.child(self.metrics.e2e, model).observe(self._clock() - arrived)
@@ -337,6 +367,7 @@ class Gateway:
         request_id: str,
         rid: Header,
         arrived: float,
+        admitted: Admitted | None = None,
     ) -> int:
         model = pool.config.name
         text = _prompt_text(payload)
@@ -378,6 +409,8 @@ class Gateway:
                 self._active_retries += 1
             else:
                 metrics.child(metrics.prefix_match, model).observe(ranking.matched(replica))
+            if admitted is not None:
+                admitted.replica = replica
             upstream_request = UpstreamRequest(upstream.url, path, body, headers)
             pool.router.on_request_start(self._clock(), request, replica)
             in_flight = metrics.child(metrics.in_flight, replica)
@@ -385,7 +418,13 @@ class Gateway:
             outcome = Outcome.CANCELLED
             try:
                 status, outcome = await self._attempt(
-                    upstream_request, stream, send, rid=rid, model=model, arrived=arrived
+                    upstream_request,
+                    stream,
+                    send,
+                    rid=rid,
+                    model=model,
+                    arrived=arrived,
+                    admitted=admitted,
                 )
                 return status
             except UpstreamError as failure:
@@ -422,6 +461,7 @@ class Gateway:
         rid: Header,
         model: str,
         arrived: float,
+        admitted: Admitted | None = None,
     ) -> tuple[int, Outcome]:
         """One attempt. A failure before the client saw a byte raises ``UpstreamError``
         (the caller may retry); one after it ends the stream with an error event."""
@@ -443,8 +483,12 @@ class Gateway:
                         )
                     outcome = Outcome.SUCCESS if status < 400 else Outcome.CLIENT_ERROR
                     if not stream or status >= 400:
-                        await self._answer_whole(response, send, rid, model, arrived)
+                        await self._answer_whole(
+                            response, send, rid, model, arrived, admitted=admitted
+                        )
                         return status, outcome
+                    if admitted is not None:  # usage read on the way, ledgered before the end
+                        chunks = metered(admitted, chunks, self._clock)
                     first = await anext(chunks, b"")
                     self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
                     response.headers.append(rid)
@@ -483,10 +527,21 @@ class Gateway:
             return 502, failure.outcome
 
     async def _answer_whole(
-        self, response: UpstreamResponse, send: Send, rid: Header, model: str, arrived: float
+        self,
+        response: UpstreamResponse,
+        send: Send,
+        rid: Header,
+        model: str,
+        arrived: float,
+        *,
+        admitted: Admitted | None = None,
     ) -> None:
         whole = b"".join([c async for c in response.chunks])
         self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
+        if admitted is not None:  # ledgered before the client can see the end
+            admitted.first_at = self._clock()
+            admitted.status = response.status
+            admitted.meter.whole(whole)
         headers = response.headers
         headers.append((b"content-length", b"%d" % len(whole)))
         headers.append(rid)
@@ -521,12 +576,14 @@ def create_gateway(
     *,
     client: ReplicaClient | None = None,
     clock: Callable[[], float] = time.monotonic,
+    tenancy: Tenancy | None = None,
 ) -> Gateway:
     """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
 
-    Metrics go to ``registry``; ``client`` replaces the HTTP upstream client (tests).
+    Metrics go to ``registry``; ``client`` replaces the HTTP upstream client (tests);
+    ``tenancy`` turns auth, quotas, admission and the ledger on.
     """
-    return Gateway(config, replica_source, registry, client=client, clock=clock)
+    return Gateway(config, replica_source, registry, client=client, clock=clock, tenancy=tenancy)
 
 
 async def _respond(

@@ -131,6 +131,14 @@ class FairQueue:
         assert best is not None
         return best
 
+    def discard(self, ticket: Ticket) -> bool:
+        """Take a waiting ticket out (its client left); whether it was waiting."""
+        waiting = self._queues[ticket.priority].get(ticket.tenant)
+        if waiting is None or ticket not in waiting:
+            return False
+        self._remove(ticket)
+        return True
+
     def _remove(self, ticket: Ticket) -> None:
         queues = self._queues[ticket.priority]
         waiting = queues[ticket.tenant]

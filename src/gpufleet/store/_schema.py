@@ -4,11 +4,12 @@
 
     tenants   name · models (JSON list or NULL: all) · rpm · tpm · concurrency · priority · weight
     api_keys  key_id · tenant · secret_hash (sha256) · created_at · revoked_at · replaced_by
-    usage     request_id · time · tenant · key_id · model · replica · status · tokens · latencies
+    usage     id · request_id · time · tenant · key_id · model · replica · status · tokens · times
     audit     id · time · actor · action · target · outcome · detail (JSON)
 
-Times are Unix seconds (float). ``usage.request_id`` and ``audit.id`` are primary keys, so
-replaying a journal twice inserts nothing twice.
+Times are Unix seconds (float). ``usage.id`` and ``audit.id`` are random primary keys the
+gateway gives each record, so replaying a journal twice inserts nothing twice
+(``usage.request_id`` is the ``x-request-id``, which a client may reuse).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ api_keys = Table(
 usage = Table(
     "usage",
     metadata,
-    Column("request_id", String(64), primary_key=True),
+    Column("id", String(32), primary_key=True),
+    Column("request_id", String(256), nullable=False, index=True),
     Column("time", Float, nullable=False),
     Column("tenant", String(128), nullable=False),
     Column("key_id", String(32), nullable=True),

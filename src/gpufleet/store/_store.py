@@ -308,7 +308,7 @@ class Store:
         return [UsageRow(r[0], r[1], *(int(v or 0) for v in r[2:])) for r in rows]
 
     def usage_ids(self) -> set[str]:
-        """Every ledgered request id (tests and audits)."""
+        """Every ledgered ``x-request-id`` (tests and audits)."""
         with self.engine.connect() as conn:
             return set(conn.execute(select(s.usage.c.request_id)).scalars())
 
