@@ -204,3 +204,31 @@ def test_admin_api_is_off_without_a_credential(tmp_path: Path) -> None:
         assert answer.status_code == 403
         assert "GPUFLEET_ADMIN_KEY" in answer.json()["error"]["message"]
         assert isinstance(gw.tenancy, Tenancy)
+
+
+def test_a_saturated_pool_queues_and_answers_503_at_the_deadline(tmp_path: Path) -> None:
+    """One replica that holds one sequence: while a stream runs the pool is saturated; a
+    request that cannot start within its deadline gets 503, one that can waits and runs."""
+    slow = SimEngineConfig(time_scale=1.0, max_model_len=4096)
+    config = tenant_fleet(admission={"max_num_seqs": 1, "max_wait": 5.0})
+    with serve_app(create_app(slow)) as a, serve_tenant_gateway(tmp_path, config, [a]) as gw:
+        key = new_key(gw, "queued")
+        with client(gw, key) as c:
+            stream = c.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=2000,
+                stream=True,
+            )
+            next(iter(stream))
+            assert gw.tenancy.gates[MODEL].saturated()
+            with pytest.raises(openai.InternalServerError) as raised:
+                chat(c, extra_headers={"x-gpufleet-deadline-ms": "200"})
+            assert raised.value.status_code == 503
+            assert "deadline" in raised.value.message
+            assert raised.value.response.headers["retry-after"] == "1"
+            stream.close()  # the slot frees: a waiting request starts
+            assert chat(c, extra_headers={"x-gpufleet-deadline-ms": "4000"})
+        gw.flush()
+        (row,) = gw.store.usage(tenant="queued")
+        assert (row.requests, row.errors) == (3, 2)  # the closed stream (499) and the 503

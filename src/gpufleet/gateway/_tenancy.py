@@ -18,6 +18,7 @@ import asyncio
 import hmac
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -111,6 +112,9 @@ class Tenancy:
         self._quotas: dict[str, TenantQuota] = {}
         self.gates: dict[str, AdmissionGate] = {}
         self._models = [m.name for m in fleet.models]
+        self._reload_lock = threading.Lock()
+        self._taken = 0
+        self._applied = 0
 
     # -- life -------------------------------------------------------------------------------
 
@@ -127,7 +131,16 @@ class Tenancy:
         self.journal.close()
 
     def reload(self) -> None:
-        self._apply(self.store.snapshot())
+        """Load keys and tenants now (any thread). Snapshots apply in the order they were
+        started, so a slow periodic reload cannot undo a revocation applied after it began."""
+        with self._reload_lock:
+            self._taken += 1
+            ticket = self._taken
+        snapshot = self.store.snapshot()
+        with self._reload_lock:
+            if ticket > self._applied:
+                self._applied = ticket
+                self._apply(snapshot)
 
     def _apply(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
@@ -143,7 +156,7 @@ class Tenancy:
         while True:
             await asyncio.sleep(self.config.refresh_interval)
             try:
-                self._apply(await asyncio.to_thread(self.store.snapshot))
+                await asyncio.to_thread(self.reload)
             except Exception:
                 logger.exception("could not reload keys and tenants; keeping the last ones")
 
