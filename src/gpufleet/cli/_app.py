@@ -9,6 +9,7 @@ from gpufleet.cli import (
     _catalog_cmd,
     _deploy_cmd,
     _engine_cmd,
+    _keys_cmd,
     _plan_cmd,
     _simulate_cmd,
     _up_cmd,
@@ -27,6 +28,8 @@ app.command("simulate")(_simulate_cmd.simulate)
 app.add_typer(_catalog_cmd.app, name="catalog")
 app.add_typer(_engine_cmd.app, name="engine")
 app.add_typer(_deploy_cmd.app, name="deploy")
+app.add_typer(_keys_cmd.app, name="keys")
+app.command("usage")(_keys_cmd.usage)
 
 
 @app.command()

@@ -26,7 +26,9 @@ from gpufleet.gateway import (
     SERVER_OPTIONS,
     ReplicaSource,
     ScaleActuator,
+    Tenancy,
     Upstream,
+    admin_key,
     create_gateway,
     no_spare_message,
     required_replicas,
@@ -39,6 +41,7 @@ from gpufleet.runtime import (
     PoolSpec,
     RuntimeSnapshot,
 )
+from gpufleet.store import Store
 
 READY_TIMEOUT_S = 120.0
 
@@ -119,6 +122,12 @@ def up(
     run_dir: Annotated[
         Path | None, typer.Option(help="Where replica logs go (default: a new temporary dir).")
     ] = None,
+    auth: Annotated[
+        bool,
+        typer.Option(
+            "--auth", help="Require API keys (gpufleet keys create), whatever the file says."
+        ),
+    ] = False,
 ) -> None:
     """Start the fleet's replicas and serve the OpenAI-compatible gateway until Ctrl-C.
 
@@ -126,6 +135,9 @@ def up(
     """
     with user_errors():
         config = load_fleet(fleet or DEFAULT_FLEET)
+        if auth and not config.tenants.auth:
+            tenants = config.tenants.model_copy(update={"auth": True})
+            config = config.model_copy(update={"tenants": tenants})
         pools = [pool_spec(m) for m in config.models]
         bind_host = host or config.gateway.host
         bind_port = config.gateway.port if port is None else port
@@ -149,6 +161,20 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:  # pragma: no cover - Windows
         return None
     return uvloop.new_event_loop
+
+
+def open_tenancy(config: FleetConfig) -> Tenancy | None:
+    """Tenancy when auth is on (keys, quotas, queue, ledger), saying where its state is."""
+    if not config.tenants.auth:
+        typer.echo("auth: off (anyone may call; `gpufleet up --auth` requires API keys)")
+        return None
+    store = Store.open(config.tenants.database_url)
+    where = store.engine.url.render_as_string(hide_password=True)
+    admin = admin_key(config.tenants)
+    typer.echo(f"auth: on, keys and usage ledger in {where}")
+    if admin is None:
+        typer.echo(f"  admin API off: set ${config.tenants.admin_key_env} to enable /admin")
+    return Tenancy(config, store, admin_key=admin)
 
 
 def spare_warnings(config: FleetConfig, snapshot: RuntimeSnapshot) -> list[str]:
@@ -190,11 +216,13 @@ async def _serve(
         for line in spare_warnings(config, snapshot):
             typer.echo(line)
         scaled = any(m.autoscale is not None for m in config.models)
+        tenancy = open_tenancy(config)
         app = create_gateway(
             config,
             RuntimeReplicas(runtime),
             registry,
             actuator=RuntimeActuator(runtime) if scaled else None,
+            tenancy=tenancy,
         )
         server = uvicorn.Server(
             uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **SERVER_OPTIONS)

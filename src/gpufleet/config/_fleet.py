@@ -27,7 +27,13 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
-from gpufleet.policy import AutoscaleConfig, HealthConfig, PrefixAwareConfig, RouterConfig
+from gpufleet.policy import (
+    AdmissionConfig,
+    AutoscaleConfig,
+    HealthConfig,
+    PrefixAwareConfig,
+    RouterConfig,
+)
 
 _NAME: Final = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 """A model's name names its pool and replicas (``llama-3.1-8b-0``) and their log files."""
@@ -215,11 +221,32 @@ class GatewayConfig(_Strict):
     """The autoscaling loop and the hold queue of scale from zero (docs/gateway.md)."""
 
 
+class TenantsConfig(_Strict):
+    """Tenants, API keys, quotas and admission (docs/tenants.md)."""
+
+    auth: bool = False
+    """Require an API key on every path but ``/health`` and ``/ready`` (``gpufleet up --auth``
+    turns it on whatever this says). Off: one anonymous tenant, no ledger, no queue."""
+    database_url: str | None = None
+    """Where tenants, keys, the ledger and the audit log live: ``postgresql://…`` or
+    ``sqlite:///path`` (default: ``$GPUFLEET_DB_URL``, else SQLite in ``$GPUFLEET_HOME``)."""
+    admin_key_env: str = "GPUFLEET_ADMIN_KEY"
+    """The environment variable holding the admin credential for ``/admin`` …"""
+    admin_key_file: str | None = None
+    """… or a file holding it (read at start; the variable wins)."""
+    admission: AdmissionConfig = AdmissionConfig()
+    """The gateway's queue when a pool is saturated, and fair sharing across tenants."""
+    refresh_interval: float = Field(0.5, gt=0.0)
+    """Seconds between two reloads of keys and tenants (a revoked key stops working within
+    this, or at once when revoked through this gateway's admin API)."""
+
+
 class FleetConfig(_Strict):
     """A whole fleet file."""
 
     models: tuple[ModelConfig, ...] = Field(min_length=1)
     gateway: GatewayConfig = GatewayConfig()
+    tenants: TenantsConfig = TenantsConfig()
 
     @model_validator(mode="after")
     def _unique(self) -> FleetConfig:

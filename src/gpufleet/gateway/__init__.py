@@ -28,6 +28,7 @@ from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, StaticReplicas, Upstream
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._state import no_spare_message, required_replicas
+from gpufleet.gateway._tenancy import Tenancy, admin_key
 from gpufleet.gateway._upstream import (
     HttpReplicaClient,
     ReplicaClient,
@@ -53,10 +54,12 @@ __all__ = [
     "ReplicaSource",
     "ScaleActuator",
     "StaticReplicas",
+    "Tenancy",
     "Upstream",
     "UpstreamError",
     "UpstreamRequest",
     "UpstreamResponse",
+    "admin_key",
     "create_gateway",
     "decision_record",
     "no_spare_message",

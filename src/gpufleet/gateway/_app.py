@@ -34,6 +34,7 @@ from gpufleet.fleet import (
     RouteRequest,
     text_prefix_hashes,
 )
+from gpufleet.gateway._admin import handle_admin
 from gpufleet.gateway._autoscale import AutoscaleController, ScaleActuator
 from gpufleet.gateway._errors import (
     BadRequestError,
@@ -54,6 +55,7 @@ from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._state import FleetState, Pool
+from gpufleet.gateway._tenancy import OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
 from gpufleet.policy import Ranking, retry_allowed
 
@@ -85,8 +87,11 @@ class Gateway:
         client: ReplicaClient | None = None,
         clock: Callable[[], float] = time.monotonic,
         actuator: ScaleActuator | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.config = config
+        self.tenancy = tenancy
+        """Auth, quotas, admission and the ledger (docs/tenants.md); ``None``: auth off."""
         self._source = source
         self._registry = registry
         self._client_given = client
@@ -153,6 +158,12 @@ class Gateway:
         rid = (b"x-request-id", request_id.encode("latin-1"))
         path, method = scope["path"], scope["method"]
         try:
+            tenancy = self.tenancy
+            if tenancy is not None and path not in OPEN_PATHS:
+                if path.startswith("/admin"):
+                    await handle_admin(tenancy, scope, receive, send, rid)
+                    return
+                tenancy.authenticate(scope, path)
             chat = _COMPLETIONS.get(path)
             if chat is not None:
                 if method != "POST":
@@ -218,9 +229,15 @@ class Gateway:
                         )
                     )
                 stack.callback(self._source.subscribe(self.fleet.set_replicas))
+                if self.tenancy is not None:
+                    self.tenancy.open(lambda: self.fleet.view)
+                    stack.callback(self.tenancy.close)
                 async with asyncio.TaskGroup() as tg:
                     loops = [tg.create_task(self._health_loop(tg), name="gateway-health")]
-                    if any(_scraped(m) for m in self.config.models):
+                    if self.tenancy is not None:
+                        loops.append(tg.create_task(self.tenancy.refresh_loop()))
+                    # admission gates on scraped saturation too
+                    if self.tenancy is not None or any(_scraped(m) for m in self.config.models):
                         loops.append(tg.create_task(self._scrape_loop(), name="gateway-scrape"))
                     if self.autoscaler is not None:
                         loops.append(tg.create_task(self.autoscaler.run(), name="autoscaler"))
@@ -317,7 +334,18 @@ class Gateway:
         if pool is None:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
         if self.autoscaler is not None:
-            self.autoscaler.arrived(model)
+            self.autoscaler.arrived(model)  # demand, even if admission makes it wait
+        admitted = None
+        if self.tenancy is not None:
+            admitted, body = await self.tenancy.admit(
+                scope,
+                model,
+                payload,
+                body,
+                request_id=request_id,
+                arrived=arrived,
+                prompt_estimate=len(_prompt_text(payload)) // 4,
+            )
         status = 500
         self._active += 1
         watch = _DisconnectWatch(receive)
@@ -332,6 +360,7 @@ class Gateway:
                 request_id=request_id,
                 rid=rid,
                 arrived=arrived,
+                admitted=admitted,
             )
         except asyncio.CancelledError:
             if not watch.stop():
@@ -342,6 +371,8 @@ class Gateway:
             raise
         finally:
             watch.stop()
+            if admitted is not None and self.tenancy is not None:
+                self.tenancy.finish(admitted, status)
             self._active -= 1
             self.metrics.child(self.metrics.requests, model, str(status)).inc()
             self.metrics.child(self.metrics.e2e, model).observe(self._clock() - arrived)
@@ -358,17 +389,10 @@ class Gateway:
         request_id: str,
         rid: Header,
         arrived: float,
+        admitted: Admitted | None = None,
     ) -> int:
         model = pool.config.name
-        text = _prompt_text(payload)
-        session = _header(scope, b"x-session-id") or payload.get("user")
-        request = RouteRequest(
-            request_id,
-            model,
-            prefix_hashes=text_prefix_hashes(text),
-            prompt_tokens=len(text) // 4,
-            session_key=session if isinstance(session, str) else None,
-        )
+        request = _route_request(model, scope, payload, request_id)
         now = self._clock()
         ranking = await self._rank(pool, request, now)
         metrics = self.metrics
@@ -399,6 +423,8 @@ class Gateway:
                 self._active_retries += 1
             else:
                 metrics.child(metrics.prefix_match, model).observe(ranking.matched(replica))
+            if admitted is not None:
+                admitted.replica = replica
             upstream_request = UpstreamRequest(upstream.url, path, body, headers)
             pool.router.on_request_start(self._clock(), request, replica)
             in_flight = metrics.child(metrics.in_flight, replica)
@@ -407,7 +433,13 @@ class Gateway:
             outcome = Outcome.CANCELLED
             try:
                 status, outcome = await self._attempt(
-                    upstream_request, stream, send, rid=rid, model=model, arrived=arrived
+                    upstream_request,
+                    stream,
+                    send,
+                    rid=rid,
+                    model=model,
+                    arrived=arrived,
+                    admitted=admitted,
                 )
                 return status
             except UpstreamError as failure:
@@ -455,6 +487,7 @@ class Gateway:
         rid: Header,
         model: str,
         arrived: float,
+        admitted: Admitted | None = None,
     ) -> tuple[int, Outcome]:
         """One attempt. A failure before the client saw a byte raises ``UpstreamError``
         (the caller may retry); one after it ends the stream with an error event."""
@@ -476,8 +509,12 @@ class Gateway:
                         )
                     outcome = Outcome.SUCCESS if status < 400 else Outcome.CLIENT_ERROR
                     if not stream or status >= 400:
-                        await self._answer_whole(response, send, rid, model, arrived)
+                        await self._answer_whole(
+                            response, send, rid, model, arrived, admitted=admitted
+                        )
                         return status, outcome
+                    if admitted is not None:  # usage read on the way, ledgered before the end
+                        chunks = metered(admitted, chunks, self._clock)
                     first = await anext(chunks, b"")
                     self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
                     response.headers.append(rid)
@@ -516,10 +553,21 @@ class Gateway:
             return 502, failure.outcome
 
     async def _answer_whole(
-        self, response: UpstreamResponse, send: Send, rid: Header, model: str, arrived: float
+        self,
+        response: UpstreamResponse,
+        send: Send,
+        rid: Header,
+        model: str,
+        arrived: float,
+        *,
+        admitted: Admitted | None = None,
     ) -> None:
         whole = b"".join([c async for c in response.chunks])
         self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
+        if admitted is not None:  # ledgered before the client can see the end
+            admitted.first_at = self._clock()
+            admitted.status = response.status
+            admitted.meter.whole(whole)
         headers = response.headers
         headers.append((b"content-length", b"%d" % len(whole)))
         headers.append(rid)
@@ -555,13 +603,23 @@ def create_gateway(
     client: ReplicaClient | None = None,
     clock: Callable[[], float] = time.monotonic,
     actuator: ScaleActuator | None = None,
+    tenancy: Tenancy | None = None,
 ) -> Gateway:
     """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
 
     Metrics go to ``registry``; ``client`` replaces the HTTP upstream client (tests). With an
-    ``actuator``, the models with ``autoscale`` are scaled through it (docs/gateway.md).
+    ``actuator``, the models with ``autoscale`` are scaled through it (docs/gateway.md);
+    ``tenancy`` turns auth, quotas, admission and the ledger on.
     """
-    return Gateway(config, replica_source, registry, client=client, clock=clock, actuator=actuator)
+    return Gateway(
+        config,
+        replica_source,
+        registry,
+        client=client,
+        clock=clock,
+        actuator=actuator,
+        tenancy=tenancy,
+    )
 
 
 async def _respond(
@@ -641,6 +699,21 @@ class _DisconnectWatch:
             self._owner.uncancel()
         self._owner = None
         return fired
+
+
+def _route_request(
+    model: str, scope: Scope, payload: dict[str, Any], request_id: str
+) -> RouteRequest:
+    """What the router sees of a request: its prefix hashes, size and session key."""
+    text = _prompt_text(payload)
+    session = _header(scope, b"x-session-id") or payload.get("user")
+    return RouteRequest(
+        request_id,
+        model,
+        prefix_hashes=text_prefix_hashes(text),
+        prompt_tokens=len(text) // 4,
+        session_key=session if isinstance(session, str) else None,
+    )
 
 
 def _scraped(model: ModelConfig) -> bool:

@@ -11,8 +11,11 @@ fields. The gateway and the fleet simulator drive the same objects.
 * Autoscaling: :class:`AutoscalePolicy` sizes one model pool (reactive windows, a demand
   forecast as a floor, prewarmed standbys, drains), on the shared :func:`saturation`
   (docs/design/autoscaling.md).
+* Tenancy: :class:`FairQueue` (admission queue: strict priority classes, weighted fair share
+  on a virtual token counter) and :class:`TenantQuota` (rpm, tpm, concurrency) (docs/tenants.md).
 """
 
+from gpufleet.policy._admission import CLASSES, AdmissionConfig, FairQueue, Ticket
 from gpufleet.policy._autoscale import (
     SCALED,
     AutoscalePolicy,
@@ -55,6 +58,7 @@ from gpufleet.policy._health import (
 )
 from gpufleet.policy._prefix import PrefixAwareRouter, PrefixIndex
 from gpufleet.policy._probe import ProbeState, ProbeStatus
+from gpufleet.policy._quota import Denial, QuotaLimits, SlidingWindow, TenantQuota
 from gpufleet.policy._ranking import (
     CandidateFilter,
     Candidates,
@@ -76,9 +80,11 @@ from gpufleet.policy._routers import (
 from gpufleet.policy._session import SessionRouter
 
 __all__ = [
+    "CLASSES",
     "ROUTER_POLICIES",
     "SCALED",
     "ActiveCheckConfig",
+    "AdmissionConfig",
     "AutoscaleConfig",
     "AutoscalePolicy",
     "AutoscaleSnapshot",
@@ -87,8 +93,10 @@ __all__ = [
     "CandidateFilter",
     "Candidates",
     "DemandForecaster",
+    "Denial",
     "EjectionCause",
     "EjectionRecord",
+    "FairQueue",
     "Forecast",
     "ForecastConfig",
     "ForecastSnapshot",
@@ -106,6 +114,7 @@ __all__ = [
     "PrefixIndex",
     "ProbeState",
     "ProbeStatus",
+    "QuotaLimits",
     "Ranking",
     "Redundancy",
     "ReplicaHealth",
@@ -122,7 +131,10 @@ __all__ = [
     "ScaleProposal",
     "SessionConfig",
     "SessionRouter",
+    "SlidingWindow",
     "Standby",
+    "TenantQuota",
+    "Ticket",
     "UtilisationSample",
     "choose_drain",
     "ejection_limit",

@@ -1,1 +1,52 @@
-"""Durable records: usage ledger, audit log, jobs."""
+"""Durable records: tenants, API keys, the usage ledger and the audit log (docs/tenants.md).
+
+SQLite (WAL) under ``$GPUFLEET_HOME`` by default, PostgreSQL when ``$GPUFLEET_DB_URL`` (or a
+fleet file's ``tenants.database_url``) says so, through SQLAlchemy Core. The gateway writes
+its ledger through a :class:`Journal`: a record is on disk (in the kernel) before the client
+sees its response end, and reaches the database in batches off the hot path.
+"""
+
+from gpufleet.store._journal import Journal, read_records, recover
+from gpufleet.store._keys import PREFIX as KEY_PREFIX
+from gpufleet.store._keys import secret_matches, split_key
+from gpufleet.store._store import (
+    HOME_ENV,
+    PRIORITIES,
+    URL_ENV,
+    KeyInfo,
+    Priority,
+    Snapshot,
+    Store,
+    StoreError,
+    Tenant,
+    TenantSettings,
+    UsageRow,
+    audit_row,
+    database_url,
+    home,
+    settings_dict,
+)
+
+__all__ = [
+    "HOME_ENV",
+    "KEY_PREFIX",
+    "PRIORITIES",
+    "URL_ENV",
+    "Journal",
+    "KeyInfo",
+    "Priority",
+    "Snapshot",
+    "Store",
+    "StoreError",
+    "Tenant",
+    "TenantSettings",
+    "UsageRow",
+    "audit_row",
+    "database_url",
+    "home",
+    "read_records",
+    "recover",
+    "secret_matches",
+    "settings_dict",
+    "split_key",
+]

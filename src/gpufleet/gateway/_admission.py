@@ -1,0 +1,120 @@
+"""The admission gate of one model pool: the pure :class:`~gpufleet.policy.FairQueue` driven
+by the event loop.
+
+A request starts at once while the pool is not saturated and nobody waits; otherwise it
+waits in the queue until a running request ends (or a scrape shows room), its deadline
+passes (503), or a full queue sheds it (503). "Saturated" is the shared definition: the
+pool's :func:`~gpufleet.policy.pool_utilisation` over its routable replicas, or the gateway's
+own count of requests it let in spread over them (a scrape lags; the count does not), read
+through :func:`~gpufleet.policy.saturation`, at or above ``admission.saturation``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+
+from gpufleet.fleet import FleetView, ReplicaLoad
+from gpufleet.gateway._tenancy_errors import AdmissionError
+from gpufleet.policy import AdmissionConfig, FairQueue, Ticket, pool_utilisation, saturation
+
+_TICK = 0.05
+"""Seconds between two looks at a non-empty queue (deadlines, and room a scrape shows)."""
+
+
+class AdmissionGate:
+    """Lets one pool's requests in, in fair order, while it has room."""
+
+    def __init__(
+        self,
+        model: str,
+        config: AdmissionConfig,
+        view: Callable[[], FleetView],
+        clock: Callable[[], float],
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.queue = FairQueue(config)
+        self.in_flight = 0
+        self._view = view
+        self._clock = clock
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def saturated(self) -> bool:
+        routable = self._view().routable(self.model)
+        if not routable:
+            return False  # nothing to wait for: the router answers 503 at once
+        seqs = self.config.max_num_seqs
+        scraped = pool_utilisation(routable, seqs) or 0.0
+        own = saturation(ReplicaLoad(in_flight=math.ceil(self.in_flight / len(routable))), seqs)
+        return max(scraped, own) >= self.config.saturation
+
+    async def enter(self, ticket: Ticket) -> None:
+        """Return when ``ticket`` may start; raise :class:`AdmissionError` if it may not."""
+        if not self.queue and not self.saturated():
+            self.queue.start(ticket)
+            self.in_flight += 1
+            return
+        for shed in self.queue.offer(self._clock(), ticket):
+            error = AdmissionError(
+                f"the gateway's queue for `{self.model}` is full (lower-priority work is shed "
+                "first)",
+                1,
+            )
+            if shed is ticket:
+                raise error
+            waiter = self._waiters.pop(shed.id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(error)
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters[ticket.id] = waiter
+        self.pump()
+        self._arm()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            self._waiters.pop(ticket.id, None)
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.leave(ticket, None)  # started as its client left
+            else:
+                self.queue.discard(ticket)
+            raise
+
+    def leave(self, ticket: Ticket, work: tuple[int, int] | None) -> None:
+        """A started ticket ended; ``work`` = (uncached prompt, output tokens) if known."""
+        self.in_flight -= 1
+        if work is not None:
+            self.queue.charge(ticket, *work)
+        self.pump()
+
+    def pump(self) -> None:
+        while self.queue and not self.saturated():
+            ticket = self.queue.pop(self._clock())
+            if ticket is None:
+                break
+            waiter = self._waiters.pop(ticket.id, None)
+            if waiter is None or waiter.done():
+                continue
+            self.in_flight += 1
+            waiter.set_result(None)
+
+    def _arm(self) -> None:
+        if self._timer is None and self.queue:
+            self._timer = asyncio.get_running_loop().call_later(_TICK, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        for ticket in self.queue.expire(self._clock()):
+            waiter = self._waiters.pop(ticket.id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(
+                    AdmissionError(
+                        f"`{self.model}` is saturated and the request could not start before "
+                        "its deadline",
+                        1,
+                    )
+                )
+        self.pump()
+        self._arm()

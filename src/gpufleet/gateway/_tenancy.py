@@ -1,0 +1,346 @@
+"""Tenancy in the gateway: who is calling (API keys), what they may do (models, quotas), in
+what order they start (the admission gate), and what they used (the ledger).
+
+::
+
+    request ─► authenticate (401) ─► model allowed? (403) ─► quota (429, Retry-After)
+            ─► admission gate (waits while saturated; 503 when shed or past its deadline)
+            ─► proxied … usage read on the way ─► ledger row journaled before the last byte
+
+Keys are checked against an in-memory snapshot of the store, reloaded every
+``refresh_interval`` (at once after an admin action through this gateway), so a request never
+waits for the database. Ledger rows and audit entries go through the store's journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from gpufleet.config import FleetConfig, TenantsConfig
+from gpufleet.fleet import FleetView
+from gpufleet.gateway._admission import AdmissionGate
+from gpufleet.gateway._errors import BadRequestError
+from gpufleet.gateway._tenancy_errors import (
+    ForbiddenError,
+    RateLimitedError,
+    UnauthorizedError,
+)
+from gpufleet.gateway._usage import Meter, ask_for_usage
+from gpufleet.policy import CLASSES, QuotaLimits, TenantQuota, Ticket
+from gpufleet.store import (
+    Journal,
+    Snapshot,
+    Store,
+    TenantSettings,
+    audit_row,
+    secret_matches,
+    split_key,
+)
+
+logger = logging.getLogger("gpufleet.gateway")
+
+OPEN_PATHS: Final = frozenset({"/health", "/ready"})
+PRINCIPAL: Final = "gpufleet.principal"
+"""The scope key under which an authenticated request carries its :class:`Principal`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant: str
+    key_id: str
+    settings: TenantSettings
+
+
+@dataclass(slots=True)
+class Admitted:
+    """One request let in: what the ledger row and the charges need at its end."""
+
+    principal: Principal
+    request_id: str
+    model: str
+    arrived: float
+    wall: float
+    ticket: Ticket
+    gate: AdmissionGate
+    quota: TenantQuota
+    meter: Meter
+    queued: float = 0.0
+    first_at: float | None = None
+    status: int = 200
+    replica: str | None = None
+    recorded: bool = False
+    ledger_id: str = field(default_factory=lambda: os.urandom(12).hex())
+
+
+def admin_key(config: TenantsConfig) -> str | None:
+    """The admin credential: ``$<admin_key_env>``, else the ``admin_key_file``'s first line."""
+    value = os.environ.get(config.admin_key_env)
+    if value:
+        return value.strip()
+    if config.admin_key_file:
+        return Path(config.admin_key_file).read_text().strip() or None
+    return None
+
+
+class Tenancy:
+    """Auth, quotas, admission and the ledger for one gateway."""
+
+    def __init__(
+        self,
+        fleet: FleetConfig,
+        store: Store,
+        *,
+        journal: Journal | None = None,
+        admin_key: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = fleet.tenants
+        self.store = store
+        self.journal = journal or store.journal()
+        self.admin_key = admin_key
+        self._clock = clock
+        self.snapshot = Snapshot()
+        self._quotas: dict[str, TenantQuota] = {}
+        self.gates: dict[str, AdmissionGate] = {}
+        self._models = [m.name for m in fleet.models]
+        self._reload_lock = threading.Lock()
+        self._taken = 0
+        self._applied = 0
+
+    # -- life -------------------------------------------------------------------------------
+
+    def open(self, view: Callable[[], FleetView]) -> None:
+        """Replay a dead gateway's journal, load keys, make one gate per pool."""
+        replayed = self.journal.start()
+        if replayed:
+            logger.warning("replayed %d ledger/audit records a stopped gateway left", replayed)
+        self.reload()
+        admission = self.config.admission
+        self.gates = {m: AdmissionGate(m, admission, view, self._clock) for m in self._models}
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def reload(self) -> None:
+        """Load keys and tenants now (any thread). Snapshots apply in the order they were
+        started, so a slow periodic reload cannot undo a revocation applied after it began."""
+        with self._reload_lock:
+            self._taken += 1
+            ticket = self._taken
+        snapshot = self.store.snapshot()
+        with self._reload_lock:
+            if ticket > self._applied:
+                self._applied = ticket
+                self._apply(snapshot)
+
+    def _apply(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        for name, settings in snapshot.tenants.items():
+            limits = QuotaLimits(settings.rpm, settings.tpm, settings.concurrency)
+            quota = self._quotas.get(name)
+            if quota is None:
+                self._quotas[name] = TenantQuota(limits)
+            elif quota.limits != limits:
+                quota.limits = limits
+
+    async def refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.refresh_interval)
+            try:
+                await asyncio.to_thread(self.reload)
+            except Exception:
+                logger.exception("could not reload keys and tenants; keeping the last ones")
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def authenticate(self, scope: dict[str, Any] | Any, path: str) -> Principal:
+        key = _bearer(scope)
+        if key is None:
+            self._deny(scope, path, None, "missing key")
+            raise UnauthorizedError("Missing API key: send `Authorization: Bearer <key>`.")
+        parts = split_key(key)
+        entry = None if parts is None else self.snapshot.keys.get(parts[0])
+        if parts is None or entry is None or not secret_matches(parts[1], entry[0]):
+            key_id = None if parts is None else parts[0]
+            self._deny(scope, path, key_id, "invalid key")
+            raise UnauthorizedError("Incorrect API key provided.")
+        settings = self.snapshot.tenants.get(entry[1])
+        if settings is None:
+            raise UnauthorizedError("Incorrect API key provided.")
+        principal = Principal(entry[1], parts[0], settings)
+        scope[PRINCIPAL] = principal
+        return principal
+
+    def _deny(self, scope: Any, path: str, key_id: str | None, why: str) -> None:
+        client = scope.get("client")
+        self.audit(
+            key_id or "anonymous",
+            "access.denied",
+            path,
+            "denied",
+            {"why": why, "client": client[0] if client else None},
+        )
+
+    def audit(
+        self,
+        actor: str,
+        action: str,
+        target: str | None,
+        outcome: str = "ok",
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        self.journal.append("audit", audit_row(actor, action, target, outcome, detail))
+
+    async def admit(
+        self,
+        scope: Any,
+        model: str,
+        payload: dict[str, Any],
+        body: bytes,
+        *,
+        request_id: str,
+        arrived: float,
+        prompt_estimate: int,
+    ) -> tuple[Admitted, bytes]:
+        """Check and queue one request; the admitted request and the body to send upstream."""
+        principal: Principal = scope[PRINCIPAL]
+        settings = principal.settings
+        wall = time.time()
+        allowed = settings.models
+        quota = self._quotas.setdefault(principal.tenant, TenantQuota(QuotaLimits()))
+        ticket = Ticket(
+            request_id,
+            principal.tenant,
+            CLASSES.index(settings.priority),
+            settings.weight,
+            prompt_estimate,
+            arrived + self._max_wait(scope),
+            arrived,
+        )
+        gate = self.gates[model]
+        body, injected = ask_for_usage(payload, body)
+        admitted = Admitted(
+            principal, request_id, model, arrived, wall, ticket, gate, quota, Meter(0, False, _no)
+        )
+        admitted.meter = Meter(prompt_estimate, injected, lambda: self._record(admitted))
+        if allowed is not None and model not in allowed:
+            self.audit(principal.key_id, "access.denied", model, "denied", {"why": "model"})
+            self._record(admitted, 403, started=False)
+            raise ForbiddenError(f"This key may not use the model `{model}`.")
+        denial = quota.check(self._clock())
+        if denial is not None:
+            self._record(admitted, 429, started=False)
+            raise RateLimitedError(
+                f"Rate limit reached for tenant `{principal.tenant}`: {denial.limit} "
+                f"(retry after {denial.retry_after} s).",
+                denial.retry_after,
+            )
+        quota.start(self._clock())
+        try:
+            await gate.enter(ticket)
+        except BaseException as error:
+            quota.finish(self._clock(), 0)
+            if not isinstance(error, asyncio.CancelledError):
+                self._record(admitted, getattr(error, "status", 503), started=False)
+            raise
+        admitted.queued = self._clock() - arrived
+        return admitted, body
+
+    def _max_wait(self, scope: Any) -> float:
+        wait = self.config.admission.max_wait
+        for key, value in scope["headers"]:
+            if key == b"x-gpufleet-deadline-ms":
+                try:
+                    asked = float(value) / 1000.0
+                except ValueError:
+                    raise BadRequestError("x-gpufleet-deadline-ms must be a number") from None
+                return max(min(wait, asked), 0.0)
+        return wait
+
+    def finish(self, admitted: Admitted, status: int) -> None:
+        """The request ended (any way): ledger row if none yet, then charge quota and share."""
+        if not admitted.recorded:
+            self._record(admitted, status)
+        usage = admitted.meter.usage
+        now = self._clock()
+        admitted.quota.finish(now, usage.total if usage.known else usage.prompt_tokens)
+        work = (usage.uncached_prompt, usage.completion_tokens) if usage.known else None
+        admitted.gate.leave(admitted.ticket, work)
+
+    def _record(
+        self, admitted: Admitted, status: int | None = None, *, started: bool = True
+    ) -> None:
+        if admitted.recorded:
+            return
+        admitted.recorded = True
+        now = self._clock()
+        usage = admitted.meter.usage
+        first = admitted.first_at
+        self.journal.append(
+            "usage",
+            {
+                "id": admitted.ledger_id,
+                "request_id": admitted.request_id,
+                "time": admitted.wall,
+                "tenant": admitted.principal.tenant,
+                "key_id": admitted.principal.key_id,
+                "model": admitted.model,
+                "replica": admitted.replica,
+                "status": admitted.status if status is None else status,
+                "prompt_tokens": usage.prompt_tokens if started else 0,
+                "cached_tokens": usage.cached_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "queue_s": admitted.queued,
+                "ttft_s": None if first is None else first - admitted.arrived,
+                "e2e_s": now - admitted.arrived,
+            },
+        )
+
+    # -- admin ------------------------------------------------------------------------------
+
+    def is_admin(self, scope: Any) -> bool:
+        key = _bearer(scope)
+        return (
+            self.admin_key is not None
+            and key is not None
+            and hmac.compare_digest(key.encode(), self.admin_key.encode())
+        )
+
+
+async def metered(
+    admitted: Admitted, chunks: AsyncIterator[bytes], clock: Callable[[], float]
+) -> AsyncIterator[bytes]:
+    """A stream's chunks through its meter (usage read, the ledger row journaled at
+    ``[DONE]``, before those bytes are sent)."""
+    meter = admitted.meter
+    async for chunk in chunks:
+        if admitted.first_at is None:
+            admitted.first_at = clock()
+        yield meter.chunk(chunk)
+    rest = meter.rest()
+    if rest:
+        yield rest
+
+
+def _no() -> None:
+    return None
+
+
+def _bearer(scope: Any) -> str | None:
+    for key, value in scope["headers"]:
+        if key == b"authorization":
+            text = str(value.decode("latin-1"))
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+            return None
+    return None
