@@ -1,8 +1,14 @@
-"""``gpufleet up``: the local fleet of a fleet file behind the gateway, until Ctrl-C.
+"""``gpufleet up``: the fleet of a fleet file behind the gateway, until Ctrl-C.
 
-The runtime starts every replica as a child process; the gateway (uvicorn, inside the
-runtime's block) routes to the ready ones. Ctrl-C or SIGTERM stops the gateway first (its
-in-flight requests finish), then the runtime drains and stops every replica.
+With ``runtime: local`` (the default) the runtime starts every replica as a child process;
+the gateway (uvicorn, inside the runtime's block) routes to the ready ones. Ctrl-C or SIGTERM
+stops the gateway first (its in-flight requests finish), then the runtime drains and stops
+every replica.
+
+With ``runtime: kubernetes`` (or ``--runtime kubernetes``: what the rendered gateway
+Deployment runs) the gateway is in a cluster: the replicas are the pods of each pool's
+Deployment, found through their EndpointSlices and scaled through ``deployments/scale``
+(operator mode, docs/kubernetes.md). Stopping the gateway leaves them running.
 """
 
 from __future__ import annotations
@@ -13,16 +19,17 @@ import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import typer
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._errors import user_errors
-from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, load_fleet
+from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, RuntimeKind, load_fleet
 from gpufleet.gateway import (
     SERVER_OPTIONS,
+    Gateway,
     ReplicaSource,
     Upstream,
     create_gateway,
@@ -37,14 +44,32 @@ from gpufleet.runtime import (
     PoolSpec,
     RuntimeSnapshot,
 )
+from gpufleet.runtime.kubernetes import (
+    ApiConfig,
+    KubeApi,
+    KubernetesRuntime,
+    OperatorSettings,
+    cluster_pools,
+    in_cluster_namespace,
+)
 
 READY_TIMEOUT_S = 120.0
+DISCOVERY_TIMEOUT_S = 10.0
+"""How long operator mode waits for the first EndpointSlice list before it serves anyway."""
+
+
+class SnapshotSource(Protocol):
+    """A runtime that publishes snapshots: ``LocalRuntime`` or ``KubernetesRuntime``."""
+
+    def subscribe(
+        self, listener: Callable[[RuntimeSnapshot], None]
+    ) -> Callable[[], None]: ...  # pragma: no cover - a protocol
 
 
 class RuntimeReplicas(ReplicaSource):
-    """The local runtime's snapshots as the gateway's replica list."""
+    """A runtime's snapshots as the gateway's replica list."""
 
-    def __init__(self, runtime: LocalRuntime) -> None:
+    def __init__(self, runtime: SnapshotSource) -> None:
         self._runtime = runtime
 
     def subscribe(self, listener: Callable[[Sequence[Upstream]], None]) -> Callable[[], None]:
@@ -81,6 +106,10 @@ def up(
     run_dir: Annotated[
         Path | None, typer.Option(help="Where replica logs go (default: a new temporary dir).")
     ] = None,
+    runtime: Annotated[
+        RuntimeKind | None,
+        typer.Option(help="Where the replicas run (default: the file's `runtime`)."),
+    ] = None,
 ) -> None:
     """Start the fleet's replicas and serve the OpenAI-compatible gateway until Ctrl-C.
 
@@ -98,6 +127,10 @@ def up(
             raise ValueError(
                 f"cannot listen on {bind_host}:{bind_port}: {error.strerror}"
             ) from None
+    if (runtime or config.runtime.kind) is RuntimeKind.KUBERNETES:
+        with sock, asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(_serve_in_cluster(config, pools, sock))
+        return
     logs = run_dir or Path(tempfile.mkdtemp(prefix="gpufleet-run-"))
     with sock, asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_serve(config, pools, sock, logs))
@@ -147,23 +180,61 @@ async def _serve(
         for line in spare_warnings(config, snapshot):
             typer.echo(line)
         app = create_gateway(config, RuntimeReplicas(runtime), registry)
-        server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **SERVER_OPTIONS)
-        )
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            bound_host, bound_port = sock.getsockname()[:2]
-            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-            base = f"http://{shown}:{bound_port}"
-            typer.echo(f"gateway listening on {base}")
-            typer.echo(
-                f"  API      {base}/v1  (models: {', '.join(m.name for m in config.models)})"
-            )
-            typer.echo(f"  metrics  {base}/metrics   ready: {base}/ready")
-            typer.echo("Ctrl-C to stop")
-        await serving
+        await _serve_gateway(config, app, sock)
         typer.echo("gateway stopped; draining replicas")
         await asyncio.Event().wait()  # the signal uvicorn raises again stops the runtime
+    typer.echo("stopped")
+
+
+async def _serve_gateway(config: FleetConfig, app: Gateway, sock: socket.socket) -> None:
+    """Serve ``app`` on ``sock`` until uvicorn is told to stop (it handles the signals)."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **SERVER_OPTIONS)
+    )
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        base = f"http://{shown}:{bound_port}"
+        typer.echo(f"gateway listening on {base}")
+        typer.echo(f"  API      {base}/v1  (models: {', '.join(m.name for m in config.models)})")
+        typer.echo(f"  metrics  {base}/metrics   ready: {base}/ready")
+        typer.echo("Ctrl-C to stop")
+    await serving
+
+
+async def _serve_in_cluster(
+    config: FleetConfig, pools: list[PoolSpec], sock: socket.socket
+) -> None:
+    """Operator mode: the pools' pods, found and scaled through the Kubernetes API."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
+    settings = config.runtime
+    api_config = ApiConfig(settings.api_server) if settings.api_server else ApiConfig.in_cluster()
+    namespace = settings.namespace or in_cluster_namespace() or "default"
+    operator = OperatorSettings(
+        resync_s=settings.resync_s,
+        drain_timeout_s=settings.drain_timeout_s or config.gateway.timeouts.first_byte,
+    )
+    typer.echo(
+        f"gpufleet up: {len(pools)} model(s) in namespace {namespace} "
+        f"(operator mode, API server {api_config.server})"
+    )
+    registry = CollectorRegistry()
+    async with (
+        KubeApi(api_config) as api,
+        KubernetesRuntime(api, namespace, cluster_pools(pools), settings=operator) as runtime,
+    ):
+        try:
+            async with asyncio.timeout(DISCOVERY_TIMEOUT_S):
+                await runtime.watch.synced.wait()
+        except TimeoutError:
+            typer.echo(f"warning: no EndpointSlice list after {DISCOVERY_TIMEOUT_S:g} s")
+        for replica in runtime.snapshot.replicas:
+            typer.echo(f"  replica {replica.name:<40} {replica.state.value:<9} {replica.url}")
+        for line in spare_warnings(config, runtime.snapshot):
+            typer.echo(line)
+        app = create_gateway(config, RuntimeReplicas(runtime), registry)
+        await _serve_gateway(config, app, sock)
     typer.echo("stopped")
