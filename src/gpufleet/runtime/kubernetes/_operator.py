@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import httpx
 
@@ -152,7 +152,7 @@ class KubernetesRuntime:
         self._published = asyncio.Event()
         self._wake = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
-        self._main: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._publish()
 
     # -- the public face (the same as LocalRuntime's) ---------------------------------------
@@ -191,7 +191,7 @@ class KubernetesRuntime:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
         self._tg = asyncio.TaskGroup()
         await self._tg.__aenter__()
-        self._main = self._tg.create_task(self._run(), name="k8s-operator")
+        self._spawn(self._run(), "k8s-operator")
         return self
 
     async def __aexit__(
@@ -202,20 +202,16 @@ class KubernetesRuntime:
     ) -> None:
         assert self._tg is not None
         assert self._http is not None
-        if self._main is not None:
-            self._main.cancel()
-        for state in self._pools.values():
-            for task in state.drains.values():
-                task.cancel()
+        for task in self._tasks:  # the block's end stops everything: nothing ends by itself
+            task.cancel()
         try:
             await self._tg.__aexit__(exc_type, exc, tb)
         finally:
             await self._http.aclose()
 
     async def _run(self) -> None:
-        assert self._tg is not None
         if self._by_service:
-            self._tg.create_task(self.watch.run(), name="k8s-endpointslices")
+            self._spawn(self.watch.run(), "k8s-endpointslices")
         loop = asyncio.get_running_loop()
         next_resync = loop.time()
         while True:
@@ -300,10 +296,7 @@ class KubernetesRuntime:
             case Drain(pod=pod, url=url):
                 if pod not in state.drains:
                     self._publish()  # the gateway stops routing to it before we wait
-                    assert self._tg is not None
-                    state.drains[pod] = self._tg.create_task(
-                        self._drain(state, pod, url), name=f"drain-{pod}"
-                    )
+                    state.drains[pod] = self._spawn(self._drain(state, pod, url), f"drain-{pod}")
             case Mark(pod=pod):
                 body = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: DELETION_COST}}}
                 try:
@@ -353,6 +346,13 @@ class KubernetesRuntime:
             return in_flight((await self._http.get(url + "/metrics")).text)
         except (httpx.HTTPError, ValueError):
             return None
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        assert self._tg is not None
+        task = self._tg.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _scale_path(self, pool: ClusterPool) -> str:
         return f"/apis/apps/v1/namespaces/{self._ns}/deployments/{pool.deployment}/scale"
