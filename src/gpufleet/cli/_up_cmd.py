@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import tempfile
 from collections.abc import Callable, Sequence
@@ -236,5 +237,14 @@ async def _serve_in_cluster(
         for line in spare_warnings(config, runtime.snapshot):
             typer.echo(line)
         app = create_gateway(config, RuntimeReplicas(runtime), registry)
-        await _serve_gateway(config, app, sock)
+        # uvicorn handles SIGINT/SIGTERM while it serves and raises the signal again once it
+        # has shut down: absorb that one, so the block ends normally (pods keep running)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: None)
+        try:
+            await _serve_gateway(config, app, sock)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
     typer.echo("stopped")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gpufleet.runtime.kubernetes import (
     Desired,
     Drain,
@@ -96,3 +98,20 @@ def test_terminating_pods_do_not_count_and_a_spared_retired_pod_serves_again() -
     # the ReplicaSet removed another pod than the retired one: it is spared and routable
     spared = plan_pool(P, Desired(2), Observed(2, pods(a=READY, b=READY), retired=frozenset("a")))
     assert spared.draining == frozenset()
+
+
+def test_the_fleet_file_names_the_runtime_and_a_redis() -> None:
+    from gpufleet.config import RuntimeKind, parse_fleet  # noqa: PLC0415
+
+    base = {"models": [{"name": "llama-3.1-8b"}]}
+    assert parse_fleet(base).runtime.kind is RuntimeKind.LOCAL
+    fleet = parse_fleet({**base, "runtime": "kubernetes", "gateway": {"redis_url": "redis://r"}})
+    assert (fleet.runtime.kind, fleet.runtime.namespace) == (RuntimeKind.KUBERNETES, None)
+    assert fleet.gateway.redis_url == "redis://r"
+    for bad, where in [
+        ({"runtime": {"kind": "kubernetes", "namespace": "Bad_NS"}}, "runtime: namespace"),
+        ({"runtime": {"kind": "nomad"}}, "runtime.kind"),
+        ({"gateway": {"redis_url": "http://r"}}, "gateway: redis_url"),
+    ]:
+        with pytest.raises(ValueError, match=where):
+            parse_fleet({**base, **bad})
