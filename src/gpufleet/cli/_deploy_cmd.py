@@ -36,12 +36,14 @@ def cluster_fleet(config: FleetConfig, fleet_yaml: str) -> ClusterFleet:
     """The renderer's input: the runtime's pools, the file as written, and the drain time.
 
     A stopping replica drains for the gateway's ``first_byte`` timeout: that bounds a whole
-    non-streaming answer, so no request the gateway still waits for is cut short.
+    non-streaming answer, so no request the gateway still waits for is cut short. With a
+    Redis (``gateway.redis_url``) two gateway pods run, so that losing one loses no service.
     """
     return ClusterFleet(
         pools=tuple(pool_spec(m) for m in config.models),
         fleet_yaml=fleet_yaml,
         drain_s=math.ceil(config.gateway.timeouts.first_byte),
+        gateway_replicas=2 if config.gateway.redis_url is not None else 1,
     )
 
 
@@ -52,7 +54,10 @@ def k8s(
         Path | None,
         typer.Option(help="Fleet file (YAML); default: the packaged local sim fleet."),
     ] = None,
-    namespace: Annotated[str, typer.Option(help="Namespace of every object.")] = "gpufleet",
+    namespace: Annotated[
+        str | None,
+        typer.Option(help="Namespace of every object (default: runtime.namespace, or gpufleet)."),
+    ] = None,
     image_tag: Annotated[str, typer.Option(help="Tag of the vllm/vllm-openai image.")] = VLLM_TAG,
     gateway_image: Annotated[
         str, typer.Option(help="The gpufleet image (gateway and sim engines).")
@@ -68,6 +73,12 @@ def k8s(
     with user_errors():
         path = fleet or DEFAULT_FLEET
         config = load_fleet(path)
+        wanted = config.runtime.namespace
+        if namespace is not None and wanted is not None and namespace != wanted:
+            raise ValueError(
+                f"--namespace {namespace} contradicts the fleet file's runtime.namespace {wanted}"
+            )
+        namespace = namespace or wanted or "gpufleet"
         spec = cluster_fleet(config, path.read_text())
         objects = render(
             spec,

@@ -1,29 +1,37 @@
-"""``gpufleet up``: the local fleet of a fleet file behind the gateway, until Ctrl-C.
+"""``gpufleet up``: the fleet of a fleet file behind the gateway, until Ctrl-C.
 
-The runtime starts every replica as a child process; the gateway (uvicorn, inside the
-runtime's block) routes to the ready ones. Ctrl-C or SIGTERM stops the gateway first (its
-in-flight requests finish), then the runtime drains and stops every replica.
+With ``runtime: local`` (the default) the runtime starts every replica as a child process;
+the gateway (uvicorn, inside the runtime's block) routes to the ready ones. Ctrl-C or SIGTERM
+stops the gateway first (its in-flight requests finish), then the runtime drains and stops
+every replica.
+
+With ``runtime: kubernetes`` (or ``--runtime kubernetes``: what the rendered gateway
+Deployment runs) the gateway is in a cluster: the replicas are the pods of each pool's
+Deployment, found through their EndpointSlices and scaled through ``deployments/scale``
+(operator mode, docs/kubernetes.md). Stopping the gateway leaves them running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import typer
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._errors import user_errors
-from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, load_fleet
+from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, RuntimeKind, load_fleet
 from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.gateway import (
     SERVER_OPTIONS,
+    Gateway,
     ReplicaSource,
     ScaleActuator,
     Tenancy,
@@ -41,16 +49,34 @@ from gpufleet.runtime import (
     PoolSpec,
     RuntimeSnapshot,
 )
+from gpufleet.runtime.kubernetes import (
+    ApiConfig,
+    KubeApi,
+    KubernetesRuntime,
+    OperatorSettings,
+    cluster_pools,
+    in_cluster_namespace,
+)
 from gpufleet.store import Store
 
 READY_TIMEOUT_S = 120.0
+DISCOVERY_TIMEOUT_S = 10.0
+"""How long operator mode waits for the first EndpointSlice list before it serves anyway."""
+
+
+class SnapshotSource(Protocol):
+    """A runtime that publishes snapshots: ``LocalRuntime`` or ``KubernetesRuntime``."""
+
+    def subscribe(
+        self, listener: Callable[[RuntimeSnapshot], None]
+    ) -> Callable[[], None]: ...  # pragma: no cover - a protocol
 
 
 class RuntimeReplicas(ReplicaSource):
     """The local runtime's snapshots as the gateway's replica list (standbys left out: the
     gateway never routes to them; it learns of them from :class:`RuntimeActuator`)."""
 
-    def __init__(self, runtime: LocalRuntime) -> None:
+    def __init__(self, runtime: SnapshotSource) -> None:
         self._runtime = runtime
 
     def subscribe(self, listener: Callable[[Sequence[Upstream]], None]) -> Callable[[], None]:
@@ -83,6 +109,24 @@ class RuntimeActuator(ScaleActuator):
             Standby(r.name, ready=r.state is ReplicaState.READY, since=r.since)
             for r in self._runtime.snapshot.standbys(pool)
         )
+
+
+class ClusterActuator(ScaleActuator):
+    """The gateway's autoscaler acting on the pools' Deployments (operator mode): a scale-in
+    drains the pods it names first. No standbys: a prewarm pool is not built on Kubernetes."""
+
+    def __init__(self, runtime: KubernetesRuntime) -> None:
+        self._runtime = runtime
+
+    def scale(self, pool: str, count: int, remove: Sequence[ReplicaId] = ()) -> None:
+        self._runtime.scale(pool, count, remove)
+
+    def promote(self, pool: str, replicas: Sequence[ReplicaId]) -> None:
+        del pool, replicas  # never asked: standbys() is empty
+
+    def standbys(self, pool: str) -> tuple[Standby, ...]:
+        del pool
+        return ()
 
 
 def pool_spec(model: ModelConfig) -> PoolSpec:
@@ -128,6 +172,10 @@ def up(
             "--auth", help="Require API keys (gpufleet keys create), whatever the file says."
         ),
     ] = False,
+    runtime: Annotated[
+        RuntimeKind | None,
+        typer.Option(help="Where the replicas run (default: the file's `runtime`)."),
+    ] = None,
 ) -> None:
     """Start the fleet's replicas and serve the OpenAI-compatible gateway until Ctrl-C.
 
@@ -148,6 +196,10 @@ def up(
             raise ValueError(
                 f"cannot listen on {bind_host}:{bind_port}: {error.strerror}"
             ) from None
+    if (runtime or config.runtime.kind) is RuntimeKind.KUBERNETES:
+        with sock, asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(_serve_in_cluster(config, pools, sock))
+        return
     logs = run_dir or Path(tempfile.mkdtemp(prefix="gpufleet-run-"))
     with sock, asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_serve(config, pools, sock, logs))
@@ -224,23 +276,77 @@ async def _serve(
             actuator=RuntimeActuator(runtime) if scaled else None,
             tenancy=tenancy,
         )
-        server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **SERVER_OPTIONS)
-        )
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            bound_host, bound_port = sock.getsockname()[:2]
-            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-            base = f"http://{shown}:{bound_port}"
-            typer.echo(f"gateway listening on {base}")
-            typer.echo(
-                f"  API      {base}/v1  (models: {', '.join(m.name for m in config.models)})"
-            )
-            typer.echo(f"  metrics  {base}/metrics   ready: {base}/ready")
-            typer.echo("Ctrl-C to stop")
-        await serving
+        await _serve_gateway(config, app, sock)
         typer.echo("gateway stopped; draining replicas")
         await asyncio.Event().wait()  # the signal uvicorn raises again stops the runtime
+    typer.echo("stopped")
+
+
+async def _serve_gateway(config: FleetConfig, app: Gateway, sock: socket.socket) -> None:
+    """Serve ``app`` on ``sock`` until uvicorn is told to stop (it handles the signals)."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **SERVER_OPTIONS)
+    )
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        base = f"http://{shown}:{bound_port}"
+        typer.echo(f"gateway listening on {base}")
+        typer.echo(f"  API      {base}/v1  (models: {', '.join(m.name for m in config.models)})")
+        typer.echo(f"  metrics  {base}/metrics   ready: {base}/ready")
+        typer.echo("Ctrl-C to stop")
+    await serving
+
+
+async def _serve_in_cluster(
+    config: FleetConfig, pools: list[PoolSpec], sock: socket.socket
+) -> None:
+    """Operator mode: the pools' pods, found and scaled through the Kubernetes API."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
+    settings = config.runtime
+    api_config = ApiConfig(settings.api_server) if settings.api_server else ApiConfig.in_cluster()
+    namespace = settings.namespace or in_cluster_namespace() or "default"
+    operator = OperatorSettings(
+        resync_s=settings.resync_s,
+        drain_timeout_s=settings.drain_timeout_s or config.gateway.timeouts.first_byte,
+    )
+    typer.echo(
+        f"gpufleet up: {len(pools)} model(s) in namespace {namespace} "
+        f"(operator mode, API server {api_config.server})"
+    )
+    registry = CollectorRegistry()
+    async with (
+        KubeApi(api_config) as api,
+        KubernetesRuntime(api, namespace, cluster_pools(pools), settings=operator) as runtime,
+    ):
+        try:
+            async with asyncio.timeout(DISCOVERY_TIMEOUT_S):
+                await runtime.watch.synced.wait()
+        except TimeoutError:
+            typer.echo(f"warning: no EndpointSlice list after {DISCOVERY_TIMEOUT_S:g} s")
+        for replica in runtime.snapshot.replicas:
+            typer.echo(f"  replica {replica.name:<40} {replica.state.value:<9} {replica.url}")
+        for line in spare_warnings(config, runtime.snapshot):
+            typer.echo(line)
+        scaled = any(m.autoscale is not None for m in config.models)
+        app = create_gateway(
+            config,
+            RuntimeReplicas(runtime),
+            registry,
+            actuator=ClusterActuator(runtime) if scaled else None,
+            tenancy=open_tenancy(config),
+        )
+        # uvicorn handles SIGINT/SIGTERM while it serves and raises the signal again once it
+        # has shut down: absorb that one, so the block ends normally (pods keep running)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: None)
+        try:
+            await _serve_gateway(config, app, sock)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
     typer.echo("stopped")

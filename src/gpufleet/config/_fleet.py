@@ -10,6 +10,7 @@ One YAML file, validated by the pydantic models below; every default is written 
         replicas: 2
         routing: prefix_aware        # or {policy: kv_aware, kv_weight: 4}
         health: {outlier: {consecutive_5xx: 3}}
+    runtime: local                   # or kubernetes, or {kind: kubernetes, namespace: …}
 
 ``load_fleet(path)`` reads and validates a file; a bad one is a :class:`FleetFileError` (a
 ``ValueError``) whose message names the file and the field path (``models[0].gpu: …``).
@@ -37,6 +38,7 @@ from gpufleet.policy import (
 
 _NAME: Final = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 """A model's name names its pool and replicas (``llama-3.1-8b-0``) and their log files."""
+_NAMESPACE: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 class _Strict(BaseModel):
@@ -219,6 +221,18 @@ class GatewayConfig(_Strict):
     """Seed of the routers' and health policies' tie-breaking draws."""
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     """The autoscaling loop and the hold queue of scale from zero (docs/gateway.md)."""
+    redis_url: str | None = None
+    """A Redis the gateways share (``redis://host:6379/0``). With it, ``gpufleet deploy k8s``
+    runs two gateway replicas. What they will share through it (routing load, health, rate
+    limits) is not built yet: today each gateway still keeps that state in memory."""
+
+    @model_validator(mode="after")
+    def _redis_scheme(self) -> GatewayConfig:
+        if self.redis_url is not None and not self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ValueError(f"redis_url: {self.redis_url!r} is not a redis:// URL")
+        return self
 
 
 class TenantsConfig(_Strict):
@@ -241,12 +255,52 @@ class TenantsConfig(_Strict):
     this, or at once when revoked through this gateway's admin API)."""
 
 
+class RuntimeKind(StrEnum):
+    """Where a fleet's replicas run."""
+
+    LOCAL = "local"
+    """Child processes of ``gpufleet up`` (docs/design/local-runtime.md)."""
+    KUBERNETES = "kubernetes"
+    """Pods of each pool's Deployment; the gateway discovers them and scales the Deployments
+    (operator mode, docs/kubernetes.md)."""
+
+
+class RuntimeConfig(_Strict):
+    """Where the replicas run, and how the Kubernetes operator mode reaches its cluster."""
+
+    kind: RuntimeKind = RuntimeKind.LOCAL
+    namespace: str | None = None
+    """The pools' namespace (kubernetes); default: the gateway pod's own namespace."""
+    api_server: str | None = None
+    """The API server's URL (kubernetes); default: in-cluster, from the pod's service account.
+    ``http://127.0.0.1:8001`` reaches a cluster through ``kubectl proxy``."""
+    resync_s: float = Field(30.0, gt=0.0)
+    """Seconds between two reads of each pool's Deployment scale (kubernetes)."""
+    drain_timeout_s: float | None = Field(None, gt=0.0)
+    """Longest wait for a replica's in-flight requests before a scale-down removes it anyway
+    (kubernetes); default: ``gateway.timeouts.first_byte``."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RuntimeConfig:
+        if self.namespace is not None and not _NAMESPACE.fullmatch(self.namespace):
+            raise ValueError(f"namespace {self.namespace!r} is not a DNS label")
+        if self.api_server is not None and not self.api_server.startswith(("http://", "https://")):
+            raise ValueError(f"api_server: {self.api_server!r} is not an http(s) URL")
+        return self
+
+
+def _runtime_kind(value: object) -> object:
+    return {"kind": value} if isinstance(value, str) else value
+
+
 class FleetConfig(_Strict):
     """A whole fleet file."""
 
     models: tuple[ModelConfig, ...] = Field(min_length=1)
     gateway: GatewayConfig = GatewayConfig()
     tenants: TenantsConfig = TenantsConfig()
+    runtime: Annotated[RuntimeConfig, BeforeValidator(_runtime_kind)] = RuntimeConfig()
+    """``local`` (default) or ``kubernetes``: a kind, or a mapping with ``kind`` and settings."""
 
     @model_validator(mode="after")
     def _unique(self) -> FleetConfig:

@@ -1,4 +1,4 @@
-"""Where replicas run: local child processes (default); Kubernetes later.
+"""Where replicas run: local child processes (default), or pods in Kubernetes (`kubernetes`).
 
 ``LocalRuntime`` starts each replica of each pool as a child process on a loopback port,
 publishes which are ready (``snapshot``, ``subscribe``, ``watch``), restarts crashed ones with

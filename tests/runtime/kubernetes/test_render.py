@@ -214,13 +214,14 @@ def test_external_pools_render_nothing_but_a_note(gpu_fleet: ClusterFleet) -> No
 
 def test_gateway_role_has_exactly_the_rights_it_needs(gpu_fleet: ClusterFleet) -> None:
     role = _find(render(gpu_fleet), "Role", GATEWAY)
+    # operator mode's calls, no more (test_operator.py checks every call it makes is allowed)
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {
             "apiGroups": ["discovery.k8s.io"],
             "resources": ["endpointslices"],
-            "verbs": ["get", "list", "watch"],
+            "verbs": ["list", "watch"],
         },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
         {
             "apiGroups": ["apps"],
             "resources": ["deployments/scale"],
@@ -239,15 +240,25 @@ def test_gateway_serves_the_fleet_file_from_its_configmap_and_probes_health_and_
     objects = render(gpu_fleet)
     deployment = _find(objects, "Deployment", GATEWAY)
     container = _container(deployment)
-    assert deployment["spec"]["replicas"] == 1  # no Redis in the fleet file yet
+    assert deployment["spec"]["replicas"] == 1  # no Redis in the fleet file
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     mount = container["volumeMounts"][0]
     assert container["args"][:2] == ["--fleet", f"{mount['mountPath']}/{FLEET_KEY}"]
+    assert container["args"][-2:] == ["--runtime", "kubernetes"]  # operator mode
     volume = deployment["spec"]["template"]["spec"]["volumes"][0]
     assert volume == {"name": mount["name"], "configMap": {"name": GATEWAY}}
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == GATEWAY
+
+
+def test_a_fleet_with_redis_runs_two_gateways(gpu_fleet_file: Path) -> None:
+    text = gpu_fleet_file.read_text().replace(
+        "gateway:\n", "gateway:\n  redis_url: redis://redis:6379/0\n"
+    )
+    gpu_fleet_file.write_text(text)
+    deployment = _find(render(fleet_from(gpu_fleet_file)), "Deployment", GATEWAY)
+    assert deployment["spec"]["replicas"] == 2
 
 
 @pytest.mark.parametrize("path", FLEET_FILES, ids=lambda p: p.name)

@@ -1,17 +1,36 @@
-"""Kubernetes: the fleet file as plain manifests (operator mode is not built yet).
+"""Kubernetes: the fleet file as plain manifests, and operator mode.
 
 ``render(fleet, namespace, image_tag)`` turns a :class:`ClusterFleet` (the runtime's pools
 plus the fleet file's text) into Kubernetes objects, pure and deterministic;
 ``manifest_files`` names and serialises them, one file per object. ``gpufleet deploy k8s``
 is the command; docs/kubernetes.md says how to apply the result to a GPU cluster.
+
+Operator mode (``runtime: kubernetes``): :class:`KubernetesRuntime` finds each pool's ready
+pods through an EndpointSlice watch and publishes them as the local runtime does; its
+``scale(pool, count, remove)`` drains the chosen pods, marks them with the pod-deletion cost
+and patches the pool Deployment's scale (a pure plan, ``plan_pool``, decides each step).
 """
 
+from gpufleet.runtime.kubernetes._api import (
+    ApiConfig,
+    KubeApi,
+    KubeApiError,
+    in_cluster_namespace,
+)
+from gpufleet.runtime.kubernetes._discovery import SliceWatch
+from gpufleet.runtime.kubernetes._endpoints import PodEndpoint, PodState, pod_endpoints
 from gpufleet.runtime.kubernetes._files import manifest_files, to_yaml
 from gpufleet.runtime.kubernetes._gpus import (
     GPU_PRODUCT_LABEL,
     GPU_PRODUCTS,
     GPU_RESOURCE,
     gpu_product,
+)
+from gpufleet.runtime.kubernetes._operator import (
+    ClusterPool,
+    KubernetesRuntime,
+    OperatorSettings,
+    cluster_pools,
 )
 from gpufleet.runtime.kubernetes._render import (
     FLEET_KEY,
@@ -28,8 +47,21 @@ from gpufleet.runtime.kubernetes._render import (
     sim_args,
     vllm_args,
 )
+from gpufleet.runtime.kubernetes._scaling import (
+    DELETION_COST,
+    DELETION_COST_ANNOTATION,
+    Desired,
+    Drain,
+    Mark,
+    Observed,
+    PatchScale,
+    PoolPlan,
+    plan_pool,
+)
 
 __all__ = [
+    "DELETION_COST",
+    "DELETION_COST_ANNOTATION",
     "FLEET_KEY",
     "GATEWAY",
     "GATEWAY_IMAGE",
@@ -39,11 +71,30 @@ __all__ = [
     "PORT",
     "VLLM_IMAGE",
     "VLLM_TAG",
+    "ApiConfig",
     "ClusterFleet",
+    "ClusterPool",
+    "Desired",
+    "Drain",
+    "KubeApi",
+    "KubeApiError",
+    "KubernetesRuntime",
     "Manifest",
+    "Mark",
+    "Observed",
+    "OperatorSettings",
+    "PatchScale",
+    "PodEndpoint",
+    "PodState",
+    "PoolPlan",
+    "SliceWatch",
+    "cluster_pools",
     "gpu_product",
+    "in_cluster_namespace",
     "manifest_files",
     "notes",
+    "plan_pool",
+    "pod_endpoints",
     "pool_object_names",
     "render",
     "sim_args",

@@ -85,8 +85,8 @@ class ClusterFleet:
     fleet_yaml: str
     drain_s: int = 60
     gateway_replicas: int = 1
-    """One: the fleet file has no shared store (Redis) yet, and the gateway keeps its routing
-    and health state in memory, so two would route without seeing each other's load."""
+    """One without a shared store; two when the fleet file names a Redis (``gateway.redis_url``),
+    so that one gateway pod can be lost or rolled while the other serves."""
 
     def __post_init__(self) -> None:
         if self.drain_s < 0:
@@ -186,12 +186,15 @@ def _gateway(ctx: _Context, fleet: ClusterFleet, deployments: Sequence[str]) -> 
     selector = {COMPONENT_LABEL: "gateway", "app.kubernetes.io/part-of": PART_OF}
     meta = ctx.meta(GATEWAY, labels)
     rules: list[Manifest] = [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        # discovery: list + watch (never get: slices are read only through the watch)
         {
             "apiGroups": ["discovery.k8s.io"],
             "resources": ["endpointslices"],
-            "verbs": ["get", "list", "watch"],
+            "verbs": ["list", "watch"],
         },
+        # scale-down: the pod-deletion-cost annotation on the drained pod (pod names are not
+        # known in advance, so no resourceNames; patch only: no read, no delete)
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
     ]
     if deployments:  # resourceNames: the scale of its own pools, and no other Deployment's
         rules.append(
@@ -210,6 +213,7 @@ def _gateway(ctx: _Context, fleet: ClusterFleet, deployments: Sequence[str]) -> 
         "args": [
             *("--fleet", f"{FLEET_DIR}/{FLEET_KEY}"),
             *("--host", "0.0.0.0", "--port", str(PORT)),
+            *("--runtime", "kubernetes"),  # operator mode, whatever the file's `runtime` says
         ],
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "startupProbe": _probe("/health", period=2, failures=SIM_START_BUDGET_S // 2),

@@ -1,0 +1,410 @@
+"""Operator mode: replicas are the pods of each pool's Deployment; the gateway finds, scales them.
+
+``KubernetesRuntime`` is the shell around ``plan_pool``: it watches the pools' EndpointSlices
+(``SliceWatch``), reads each Deployment's scale, and on every change (and every ``resync_s``)
+plans each pool again and carries out the actions: drain a pod (publish it as draining so the
+gateway stops routing to it, then poll its ``/metrics`` until nothing runs there or the drain
+deadline passes), mark it with the deletion cost, patch the scale. It publishes the same
+:class:`RuntimeSnapshot` as the local runtime, so the gateway cannot tell the two apart::
+
+    async with KubeApi(ApiConfig.in_cluster()) as api, KubernetesRuntime(api, "ns", pools) as rt:
+        rt.subscribe(on_snapshot)                           # the gateway's replica list
+        rt.scale("llama-3.1-8b", 1, remove=("llama-3-1-8b-7d9c-x2x4q",))
+
+Everything runs in one ``asyncio.TaskGroup`` owned by the ``async with`` block. A failed call
+is logged and retried on the next round (after ``retry_s``); nothing the API server does can
+end the block, and an unreachable API server leaves the last known replicas published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import Any, Final, Self
+
+import httpx
+
+from gpufleet.fleet import ReplicaId, ReplicaState
+from gpufleet.runtime._local import in_flight
+from gpufleet.runtime._reconcile import Phase
+from gpufleet.runtime._snapshot import ReplicaStatus, RuntimeSnapshot
+from gpufleet.runtime._spec import EngineKind, PoolSpec
+from gpufleet.runtime.kubernetes._api import KubeApi, KubeApiError
+from gpufleet.runtime.kubernetes._discovery import Slices, SliceWatch
+from gpufleet.runtime.kubernetes._endpoints import (
+    SERVICE_NAME_LABEL,
+    PodEndpoint,
+    PodState,
+    pod_endpoints,
+)
+from gpufleet.runtime.kubernetes._render import pool_object_names
+from gpufleet.runtime.kubernetes._scaling import (
+    DELETION_COST,
+    DELETION_COST_ANNOTATION,
+    Action,
+    Desired,
+    Drain,
+    Mark,
+    Observed,
+    PatchScale,
+    plan_pool,
+)
+
+logger = logging.getLogger("gpufleet.runtime.kubernetes")
+
+Listener = Callable[[RuntimeSnapshot], None]
+InFlight = Callable[[str, str], Awaitable[int | None]]
+"""``in_flight(pod, url)``: requests running or waiting on a replica; ``None`` if unknown."""
+
+_IDLE_READS: Final = 2
+"""Consecutive idle reads that end a drain; the second covers a request sent just before the
+gateway saw the pod draining (as the local runtime does)."""
+
+_STATE: Final = {
+    PodState.STARTING: (ReplicaState.STARTING, Phase.STARTING),
+    PodState.READY: (ReplicaState.READY, Phase.READY),
+    PodState.TERMINATING: (ReplicaState.DRAINING, Phase.STOPPING),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    resync_s: float = 30.0
+    """Seconds between two reads of every Deployment's scale (and two full plans)."""
+    drain_timeout_s: float = 60.0
+    """Longest wait for a victim's in-flight requests before it is removed anyway."""
+    probe_interval_s: float = 1.0
+    """Seconds between two in-flight reads of a draining pod."""
+    retry_s: float = 1.0
+    """First delay after a failed API call (the watch doubles it up to 30 s)."""
+    watch_timeout_s: int = 300
+    """``timeoutSeconds`` of a watch: the server ends it then and it starts again."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPool:
+    """A pool as operator mode finds it: its Service (for slices) and Deployment (for scale)."""
+
+    spec: PoolSpec
+    service: str
+    deployment: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def cluster_pools(pools: Sequence[PoolSpec]) -> tuple[ClusterPool, ...]:
+    """Each pool with the object names ``gpufleet deploy k8s`` gives it (external pools have
+    none: their endpoints are routed to as given)."""
+    spawned = [p for p in pools if p.engine.kind is not EngineKind.EXTERNAL]
+    names = pool_object_names(spawned)
+    return tuple(ClusterPool(p, names.get(p.name, ""), names.get(p.name, "")) for p in pools)
+
+
+@dataclass(slots=True)
+class _PoolState:
+    pool: ClusterPool
+    desired: Desired | None = None
+    scale: int | None = None
+    drained: set[str] = field(default_factory=set)
+    marked: set[str] = field(default_factory=set)
+    retired: set[str] = field(default_factory=set)
+    draining: frozenset[str] = frozenset()
+    drains: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+
+class KubernetesRuntime:
+    """Discovers and scales the pods of each pool; see the module docstring."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        pools: Sequence[ClusterPool],
+        *,
+        settings: OperatorSettings | None = None,
+        in_flight: InFlight | None = None,
+    ) -> None:
+        self.settings = settings or OperatorSettings()
+        self._api = api
+        self._ns = namespace
+        self._pools = {p.name: _PoolState(p) for p in pools}
+        self._by_service = {p.service: p.name for p in pools if p.service}
+        self._in_flight = in_flight
+        self._http: httpx.AsyncClient | None = None
+        selector = f"{SERVICE_NAME_LABEL} in ({','.join(sorted(self._by_service))})"
+        self.watch = SliceWatch(
+            api,
+            namespace,
+            selector,
+            self._slices_changed,
+            retry_s=self.settings.retry_s,
+            watch_timeout_s=self.settings.watch_timeout_s,
+        )
+        self._pods: tuple[PodEndpoint, ...] = ()
+        self._snapshot = RuntimeSnapshot(0, ())
+        self._listeners: list[Listener] = []
+        self._published = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tg: asyncio.TaskGroup | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._publish()
+
+    # -- the public face (the same as LocalRuntime's) ---------------------------------------
+
+    @property
+    def snapshot(self) -> RuntimeSnapshot:
+        return self._snapshot
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` with the current snapshot now and with every new one."""
+        self._listeners.append(listener)
+        listener(self._snapshot)
+        return lambda: self._listeners.remove(listener)
+
+    async def wait_for(self, predicate: Callable[[RuntimeSnapshot], bool]) -> RuntimeSnapshot:
+        """The first snapshot, from now on, for which ``predicate`` holds."""
+        while not predicate(self._snapshot):
+            published = self._published
+            await published.wait()
+        return self._snapshot
+
+    def scale(self, pool: str, count: int, remove: Sequence[str] = ()) -> None:
+        """Want ``count`` replicas in ``pool``; on a scale-down, remove the pods named in
+        ``remove`` first (after draining them). Returns at once; the reconcile loop acts."""
+        state = self._pools.get(pool)
+        if state is None:
+            raise KeyError(f"unknown pool {pool!r}")
+        if state.pool.spec.engine.kind is EngineKind.EXTERNAL:
+            raise ValueError(f"pool {pool!r} is external: nothing here can scale it")
+        state.desired = Desired(count, tuple(remove))
+        self._wake.set()
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        self._spawn(self._run(), "k8s-operator")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._tg is not None
+        assert self._http is not None
+        for task in self._tasks:  # the block's end stops everything: nothing ends by itself
+            task.cancel()
+        try:
+            await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            await self._http.aclose()
+
+    async def _run(self) -> None:
+        if self._by_service:
+            self._spawn(self.watch.run(), "k8s-endpointslices")
+        loop = asyncio.get_running_loop()
+        next_resync = loop.time()
+        while True:
+            if loop.time() >= next_resync:
+                read = await self._read_scales()
+                wait = self.settings.resync_s if read else self.settings.retry_s
+                next_resync = loop.time() + wait
+            failed = await self._reconcile()
+            timeout = next_resync - loop.time()
+            if failed:
+                timeout = min(timeout, self.settings.retry_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, timeout)):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    # -- observe --------------------------------------------------------------------------
+
+    def _slices_changed(self, slices: Slices) -> None:
+        self._pods = pod_endpoints(slices.values(), self._by_service)
+        self._wake.set()
+        self._publish()
+
+    async def _read_scales(self) -> bool:
+        """Read every pool's Deployment scale; ``False`` if a read failed."""
+        ok = True
+        for state in self._pools.values():
+            if not state.pool.deployment:
+                continue
+            try:
+                body = await self._api.get(self._scale_path(state.pool))
+            except KubeApiError as error:
+                logger.warning("pool %s: cannot read its scale: %s", state.pool.name, error)
+                ok = False
+                continue
+            state.scale = int(body.get("spec", {}).get("replicas", 0))
+        return ok
+
+    # -- reconcile ------------------------------------------------------------------------
+
+    async def _reconcile(self) -> bool:
+        """Plan every pool and carry out its actions; ``True`` if an action failed."""
+        failed = False
+        for state in self._pools.values():
+            if not state.pool.deployment:
+                continue
+            pods = tuple(p for p in self._pods if p.pool == state.pool.name)
+            names = {p.name for p in pods}
+            for kept in (state.drained, state.marked, state.retired):
+                kept.intersection_update(names)  # forget pods that are gone
+            observed = Observed(
+                state.scale,
+                pods,
+                frozenset(state.drained),
+                frozenset(state.marked),
+                frozenset(state.retired),
+            )
+            plan = plan_pool(state.pool.name, state.desired, observed)
+            self._set_draining(state, plan.draining)
+            for action in plan.actions:
+                try:
+                    await self._apply(state, action)
+                except KubeApiError as error:
+                    logger.warning("pool %s: %s failed: %s", state.pool.name, action, error)
+                    failed = True
+                    break
+        self._publish()
+        return failed
+
+    def _set_draining(self, state: _PoolState, draining: frozenset[str]) -> None:
+        """Victims that are no longer victims (a scale-up came first) serve again."""
+        for pod in state.draining - draining:
+            task = state.drains.pop(pod, None)
+            if task is not None:
+                task.cancel()
+            state.drained.discard(pod)
+            state.marked.discard(pod)
+        state.draining = draining
+
+    async def _apply(self, state: _PoolState, action: Action) -> None:
+        match action:
+            case Drain(pod=pod, url=url):
+                if pod not in state.drains:
+                    self._publish()  # the gateway stops routing to it before we wait
+                    state.drains[pod] = self._spawn(self._drain(state, pod, url), f"drain-{pod}")
+            case Mark(pod=pod):
+                body = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: DELETION_COST}}}
+                try:
+                    await self._api.patch(f"/api/v1/namespaces/{self._ns}/pods/{pod}", body)
+                except KubeApiError as error:
+                    if error.status != 404:  # a pod that is gone needs no mark
+                        raise
+                state.marked.add(pod)
+                self._wake.set()
+            case PatchScale(replicas=replicas, retire=retire):
+                reply = await self._api.patch(
+                    self._scale_path(state.pool), {"spec": {"replicas": replicas}}
+                )
+                state.scale = int(reply.get("spec", {}).get("replicas", replicas))
+                state.retired.update(retire)
+                if state.desired is not None and state.desired.count == state.scale:
+                    state.desired = Desired(state.scale)  # done: forget the victims
+                logger.info("pool %s: scaled to %d", state.pool.name, state.scale)
+                self._wake.set()
+
+    async def _drain(self, state: _PoolState, pod: str, url: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.drain_timeout_s
+        idle = 0
+        while loop.time() < deadline:
+            busy = await self._busy(pod, url)
+            idle = idle + 1 if busy == 0 else 0
+            if idle >= _IDLE_READS:
+                break
+            await asyncio.sleep(self.settings.probe_interval_s)
+        else:
+            logger.warning(
+                "pool %s: pod %s still busy after %.0f s of drain; removing it anyway",
+                state.pool.name,
+                pod,
+                self.settings.drain_timeout_s,
+            )
+        state.drains.pop(pod, None)
+        state.drained.add(pod)
+        self._wake.set()
+
+    async def _busy(self, pod: str, url: str) -> int | None:
+        if self._in_flight is not None:
+            return await self._in_flight(pod, url)
+        assert self._http is not None
+        try:
+            return in_flight((await self._http.get(url + "/metrics")).text)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        assert self._tg is not None
+        task = self._tg.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _scale_path(self, pool: ClusterPool) -> str:
+        return f"/apis/apps/v1/namespaces/{self._ns}/deployments/{pool.deployment}/scale"
+
+    # -- publish --------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        replicas: list[ReplicaStatus] = []
+        desired: dict[str, int] = {}
+        for state in self._pools.values():
+            spec = state.pool.spec
+            engine = spec.engine
+            if engine.kind is EngineKind.EXTERNAL:
+                replicas += [
+                    _status(spec, ReplicaId(f"{spec.name}-{i}"), url, PodState.READY)
+                    for i, url in enumerate(engine.endpoints[: spec.replicas])
+                ]
+                desired[spec.name] = spec.replicas
+                continue
+            for pod in self._pods:
+                if pod.pool == spec.name:
+                    shown = PodState.TERMINATING if pod.name in state.draining else pod.state
+                    replicas.append(_status(spec, ReplicaId(pod.name), pod.url, shown))
+            wanted = state.desired.count if state.desired is not None else state.scale
+            desired[spec.name] = spec.replicas if wanted is None else wanted
+        old = self._snapshot
+        if old.version and (tuple(replicas), desired) == (old.replicas, dict(old.desired)):
+            return
+        self._snapshot = RuntimeSnapshot(
+            old.version + 1, tuple(replicas), MappingProxyType(desired)
+        )
+        for listener in list(self._listeners):
+            try:
+                listener(self._snapshot)
+            except Exception:
+                logger.exception("runtime listener %r failed", listener)
+        published, self._published = self._published, asyncio.Event()
+        published.set()
+
+
+def _status(spec: PoolSpec, name: ReplicaId, url: str, pod: PodState) -> ReplicaStatus:
+    state, phase = _STATE[pod]
+    return ReplicaStatus(
+        name=name,
+        pool=spec.name,
+        model=spec.engine.served_name,
+        engine=spec.engine.kind,
+        state=state,
+        phase=phase,
+        url=url,
+        pid=None,
+        restarts=0,
+        log=None,
+        last_error=None,
+    )

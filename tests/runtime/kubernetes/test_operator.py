@@ -1,0 +1,332 @@
+"""Operator mode against an emulated Kubernetes API server: NO REAL CLUSTER RUNS HERE.
+
+``fake_api.FakeKubeApi`` is a small fake of the API server (EndpointSlice list and watch with
+resource versions and 410 Gone, ``deployments/scale``, pod patches) served over real HTTP on
+loopback; the operator talks to it with its real httpx client. What a real cluster adds (the
+EndpointSlice controller, the ReplicaSet honouring the deletion cost, RBAC enforcement) is
+played by the test: it moves pods itself, and checks every call against the rendered Role.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from gpufleet.fleet import ReplicaState
+from gpufleet.runtime import EngineKind, EngineSpec, PoolSpec, RuntimeSnapshot
+from gpufleet.runtime.kubernetes import (
+    DELETION_COST,
+    DELETION_COST_ANNOTATION,
+    GATEWAY,
+    ApiConfig,
+    ClusterFleet,
+    KubeApi,
+    KubernetesRuntime,
+    OperatorSettings,
+    cluster_pools,
+    render,
+)
+
+from .fake_api import FakeKubeApi, serving
+
+NS = "gpufleet"
+POOL = "llama-3.1-8b"
+SVC = "llama-3-1-8b"  # the pool's Service and Deployment name
+SCALE_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/{SVC}/scale"
+FAST = OperatorSettings(resync_s=0.5, drain_timeout_s=5.0, probe_interval_s=0.01, retry_s=0.02)
+POOLS = (
+    PoolSpec(POOL, EngineSpec(model=POOL), replicas=2),
+    PoolSpec("partner", EngineSpec(kind=EngineKind.EXTERNAL, endpoints=("http://10.0.0.5:8000",))),
+)
+
+pytestmark = pytest.mark.asyncio
+
+
+class Busy:
+    """In-flight requests per pod, as the drain sees them (the test plays the engine)."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+        self.reads: list[str] = []
+
+    async def __call__(self, pod: str, url: str) -> int | None:
+        self.reads.append(pod)
+        return self.count.get(pod, 0)
+
+
+@asynccontextmanager
+async def operator(
+    fake: FakeKubeApi, url: str, busy: Busy | None = None, settings: OperatorSettings = FAST
+) -> AsyncIterator[KubernetesRuntime]:
+    async with (
+        KubeApi(ApiConfig(url), timeout_s=2.0) as api,
+        KubernetesRuntime(
+            api, NS, cluster_pools(POOLS), settings=settings, in_flight=busy or Busy()
+        ) as runtime,
+    ):
+        yield runtime
+
+
+async def until(
+    runtime: KubernetesRuntime, predicate: Callable[[RuntimeSnapshot], bool]
+) -> RuntimeSnapshot:
+    async with asyncio.timeout(5):
+        return await runtime.wait_for(predicate)
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+def states(snapshot: RuntimeSnapshot) -> dict[str, ReplicaState]:
+    return {r.name: r.state for r in snapshot.replicas if r.pool == POOL}
+
+
+def fleet(**pods: ReplicaState) -> Callable[[RuntimeSnapshot], bool]:
+    return lambda snapshot: states(snapshot) == pods
+
+
+@pytest.fixture
+def fake() -> FakeKubeApi:
+    api = FakeKubeApi(NS)
+    api.scales[SVC] = 2
+    return api
+
+
+async def test_pods_appear_get_ready_and_disappear_through_one_watch(fake: FakeKubeApi) -> None:
+    fake.set_pod(SVC, "pod-a", 8001)
+    async with serving(fake) as url, operator(fake, url) as runtime:
+        first = await until(runtime, fleet(**{"pod-a": ReplicaState.READY}))
+        (a,) = first.ready(POOL)
+        assert (a.url, a.model) == ("http://127.0.0.1:8001", POOL)
+        assert [r.url for r in first.ready("partner")] == ["http://10.0.0.5:8000"]
+
+        fake.set_pod(SVC, "pod-b", 8001, ready=False)  # loading its model
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY, "pod-b": ReplicaState.STARTING}))
+        fake.set_pod(SVC, "pod-b", 8001)
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY, "pod-b": ReplicaState.READY}))
+        fake.set_pod(SVC, "pod-a", 8001, ready=False, terminating=True)  # being deleted
+        await until(runtime, fleet(**{"pod-a": ReplicaState.DRAINING, "pod-b": ReplicaState.READY}))
+        fake.remove_pod(SVC, "pod-a")
+        await until(runtime, fleet(**{"pod-b": ReplicaState.READY}))
+        fake.delete_service(SVC)
+        await until(runtime, fleet())
+
+    slices = "/endpointslices"
+    lists = [c for c in fake.calls_to("GET", slices) if "watch" not in c.query]
+    watches = [c for c in fake.calls_to("GET", slices) if c.query.get("watch") == "1"]
+    assert len(lists) == 1  # watched, not polled
+    assert len(watches) == 1
+    assert watches[0].query["allowWatchBookmarks"] == "true"
+    assert watches[0].query["resourceVersion"] == "101"  # the list's version
+    assert watches[0].query["labelSelector"] == f"kubernetes.io/service-name in ({SVC})"
+
+
+async def test_scale_up_patches_the_deployment_scale(fake: FakeKubeApi) -> None:
+    async with serving(fake) as url, operator(fake, url) as runtime:
+        runtime.scale(POOL, 4)
+        await eventually(lambda: fake.scales[SVC] == 4)
+        (patch,) = fake.calls_to("PATCH", "/scale")
+        assert patch.path == SCALE_PATH
+        assert patch.body == {"spec": {"replicas": 4}}
+        assert patch.content_type == "application/merge-patch+json"
+        await until(runtime, lambda s: s.desired[POOL] == 4)
+        runtime.scale(POOL, 4)  # idempotent: nothing more to do
+        await asyncio.sleep(0.1)
+        assert len(fake.calls_to("PATCH", "/scale")) == 1
+
+
+async def test_scale_down_drains_the_chosen_pod_then_marks_it_then_lowers_the_count(
+    fake: FakeKubeApi,
+) -> None:
+    for pod in ("pod-a", "pod-b"):
+        fake.set_pod(SVC, pod)
+    busy = Busy()
+    busy.count["pod-b"] = 3
+    async with serving(fake) as url, operator(fake, url, busy) as runtime:
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY, "pod-b": ReplicaState.READY}))
+        runtime.scale(POOL, 1, remove=("pod-b",))
+        # the gateway stops routing to it at once ...
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY, "pod-b": ReplicaState.DRAINING}))
+        await eventually(lambda: busy.reads.count("pod-b") >= 3)
+        # ... and nothing is patched while it still has requests in flight
+        assert fake.calls_to("PATCH", "/pods/") == []
+        assert fake.calls_to("PATCH", "/scale") == []
+        busy.count["pod-b"] = 0
+        await eventually(lambda: fake.scales[SVC] == 1)
+        # the ReplicaSet removes the marked pod: the test plays it
+        assert fake.pod_annotations["pod-b"] == {DELETION_COST_ANNOTATION: DELETION_COST}
+        fake.set_pod(SVC, "pod-b", ready=False, terminating=True)
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY, "pod-b": ReplicaState.DRAINING}))
+        fake.remove_pod(SVC, "pod-b")
+        snapshot = await until(runtime, fleet(**{"pod-a": ReplicaState.READY}))
+        assert snapshot.desired[POOL] == 1
+
+    patches = [(c.method, c.path, c.body) for c in fake.calls if c.method == "PATCH"]
+    assert patches == [
+        (
+            "PATCH",
+            f"/api/v1/namespaces/{NS}/pods/pod-b",
+            {"metadata": {"annotations": {DELETION_COST_ANNOTATION: DELETION_COST}}},
+        ),
+        ("PATCH", SCALE_PATH, {"spec": {"replicas": 1}}),
+    ]
+    assert "pod-a" not in busy.reads  # only the victim is drained
+
+
+async def test_a_drain_that_never_ends_is_cut_at_its_deadline(fake: FakeKubeApi) -> None:
+    for pod in ("pod-a", "pod-b"):
+        fake.set_pod(SVC, pod)
+    busy = Busy()
+    busy.count = {"pod-a": 1, "pod-b": 1}  # a stuck stream
+    settings = OperatorSettings(resync_s=0.5, drain_timeout_s=0.2, probe_interval_s=0.01)
+    async with serving(fake) as url, operator(fake, url, busy, settings) as runtime:
+        await until(runtime, lambda s: len(s.ready(POOL)) == 2)
+        runtime.scale(POOL, 1)  # no choice given: the operator picks one
+        await eventually(lambda: fake.scales[SVC] == 1)
+    (marked,) = fake.pod_annotations
+    assert marked in busy.reads
+
+
+async def test_a_scale_up_before_the_drain_ends_keeps_the_pod(fake: FakeKubeApi) -> None:
+    for pod in ("pod-a", "pod-b"):
+        fake.set_pod(SVC, pod)
+    busy = Busy()
+    busy.count["pod-b"] = 1
+    async with serving(fake) as url, operator(fake, url, busy) as runtime:
+        await until(runtime, lambda s: len(s.ready(POOL)) == 2)
+        runtime.scale(POOL, 1, remove=("pod-b",))
+        await until(runtime, lambda s: len(s.ready(POOL)) == 1)
+        runtime.scale(POOL, 2)
+        await until(runtime, lambda s: len(s.ready(POOL)) == 2)  # routed to again
+        await asyncio.sleep(0.1)
+    assert fake.calls_to("PATCH", "") == []
+    assert fake.scales[SVC] == 2
+
+
+@pytest.mark.parametrize("as_status", [False, True], ids=["error-event", "http-status"])
+async def test_410_gone_lists_again_and_keeps_the_replicas_in_between(
+    fake: FakeKubeApi, as_status: bool
+) -> None:
+    fake.gone_as_status = as_status
+    fake.set_pod(SVC, "pod-a")
+    async with serving(fake) as url, operator(fake, url) as runtime:
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY}))
+        await eventually(lambda: fake.watching() == 1)
+        seen: list[dict[str, ReplicaState]] = []
+        runtime.subscribe(lambda s: seen.append(states(s)))
+        fake.set_pod(SVC, "pod-b")
+        fake.compact()  # etcd compacted: the watch's version is gone
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY, "pod-b": ReplicaState.READY}))
+        assert runtime.watch.lists == 2
+        assert all("pod-a" in s for s in seen)  # never published empty while relisting
+        fake.set_pod(SVC, "pod-c")  # and the new watch follows the new list
+        await until(runtime, lambda s: len(s.ready(POOL)) == 3)
+
+
+async def test_a_watch_the_server_ends_resumes_from_its_version_without_a_list(
+    fake: FakeKubeApi,
+) -> None:
+    fake.set_pod(SVC, "pod-a")
+    async with serving(fake) as url, operator(fake, url) as runtime:
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY}))
+        await eventually(lambda: fake.watching() == 1)
+        fake.drop_watches()  # timeoutSeconds reached, or a load balancer cut it
+        fake.set_pod(SVC, "pod-b")
+        await until(runtime, lambda s: len(s.ready(POOL)) == 2)
+    watches = [c for c in fake.calls if c.query.get("watch") == "1"]
+    assert len(watches) >= 2
+    assert watches[1].query["resourceVersion"] == "101"
+    assert runtime.watch.lists == 1
+
+
+@pytest.mark.parametrize("status", [500, 403])
+async def test_api_errors_are_retried_and_the_known_replicas_kept(
+    fake: FakeKubeApi, status: int
+) -> None:
+    fake.set_pod(SVC, "pod-a")
+    fake.fail("GET", "/endpointslices", status, times=2)  # the first list fails twice
+    fake.fail("PATCH", "/scale", status, times=2)
+    async with serving(fake) as url, operator(fake, url) as runtime:
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY}))
+        await eventually(lambda: fake.watching() == 1)
+        fake.fail("GET", "/endpointslices", status, times=3)
+        fake.drop_watches()  # the next watch fails: nothing is forgotten meanwhile
+        await eventually(lambda: runtime.watch.failures > 0)
+        assert states(runtime.snapshot) == {"pod-a": ReplicaState.READY}
+        fake.set_pod(SVC, "pod-b")
+        await until(runtime, lambda s: len(s.ready(POOL)) == 2)
+        runtime.scale(POOL, 3)
+        await eventually(lambda: fake.scales[SVC] == 3)
+    assert len(fake.calls_to("PATCH", "/scale")) == 3  # two refused, one applied
+
+
+async def test_an_unreachable_api_server_leaves_the_last_replicas_serving(
+    fake: FakeKubeApi,
+) -> None:
+    fake.set_pod(SVC, "pod-a")
+    server = serving(fake)
+    url = await server.__aenter__()
+    port = int(url.rsplit(":", 1)[1])
+    async with operator(fake, url) as runtime:
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY}))
+        await server.__aexit__(None, None, None)  # the port is closed: calls are refused
+        await eventually(lambda: runtime.watch.failures >= 2)
+        fake.set_pod(SVC, "pod-b")
+        await asyncio.sleep(0.1)
+        assert states(runtime.snapshot) == {"pod-a": ReplicaState.READY}
+        async with serving(fake, port):  # the API server is back
+            await until(runtime, lambda s: len(s.ready(POOL)) == 2)
+
+
+async def test_every_call_the_operator_makes_is_allowed_by_the_rendered_role(
+    fake: FakeKubeApi,
+) -> None:
+    for pod in ("pod-a", "pod-b"):
+        fake.set_pod(SVC, pod)
+    async with serving(fake) as url, operator(fake, url) as runtime:
+        await until(runtime, lambda s: len(s.ready(POOL)) == 2)
+        runtime.scale(POOL, 3)
+        await eventually(lambda: fake.scales[SVC] == 3)
+        runtime.scale(POOL, 1, remove=("pod-a",))
+        await eventually(lambda: fake.scales[SVC] == 1)
+    role = next(o for o in render(ClusterFleet(POOLS, "models: []\n")) if o["kind"] == "Role")
+    assert {o["metadata"]["name"] for o in [role]} == {GATEWAY}
+    used = set()
+    for call in fake.calls:
+        group, resource, name = _resource(call.path)
+        verb = {"PATCH": "patch"}.get(call.method) or (
+            "watch" if call.query.get("watch") == "1" else "list" if name is None else "get"
+        )
+        used.add((group, resource, verb))
+        assert any(
+            group in rule["apiGroups"]
+            and resource in rule["resources"]
+            and verb in rule["verbs"]
+            and (name is None or name in rule.get("resourceNames", [name]))
+            for rule in role["rules"]
+        ), (call.method, call.path)
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert used == granted  # and nothing granted goes unused
+
+
+def _resource(path: str) -> tuple[str, str, str | None]:
+    """``(api group, resource[/subresource], name)`` of an API path."""
+    parts = path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[parts.index("namespaces") + 2 :]
+    resource, name = rest[0], rest[1] if len(rest) > 1 else None
+    if len(rest) > 2:
+        resource = f"{resource}/{rest[2]}"
+    return group, resource, name

@@ -1,0 +1,96 @@
+"""``gpufleet up --runtime kubernetes`` end to end: NO REAL CLUSTER RUNS HERE.
+
+The fake API server (``fake_api.py``) plays the cluster and one real sim engine, served on
+loopback, plays the pool's one pod; ``gpufleet up`` runs as a subprocess, finds the pod
+through the EndpointSlice watch and routes a chat completion to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from gpufleet.engine.server import SimEngineConfig, create_app
+
+from .fake_api import FakeKubeApi, serving
+
+pytestmark = pytest.mark.asyncio
+
+
+@contextlib.asynccontextmanager
+async def sim_pod() -> AsyncIterator[int]:
+    """A sim engine on a free loopback port, in this event loop; yields the port."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    app = create_app(SimEngineConfig(time_scale=200.0, max_model_len=2048))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+async def test_up_in_operator_mode_routes_to_the_pods_the_cluster_reports(
+    tmp_path: Path,
+) -> None:
+    fake = FakeKubeApi("inference")
+    fake.scales["llama-3-1-8b"] = 1
+    async with serving(fake) as api, sim_pod() as port:
+        fake.set_pod("llama-3-1-8b", "llama-3-1-8b-abc12", port)
+        fleet = tmp_path / "fleet.yaml"
+        fleet.write_text(
+            "models: [{name: llama-3.1-8b, replicas: 1}]\n"
+            f"runtime: {{namespace: inference, api_server: '{api}'}}\n"
+        )
+        up = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "gpufleet", "up", "--fleet", str(fleet), "--port", "0"),
+            *("--runtime", "kubernetes"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        assert up.stdout is not None
+        out = ""
+        try:
+            async with asyncio.timeout(30):
+                while "listening on" not in out:
+                    line = (await up.stdout.readline()).decode()
+                    assert line, out
+                    out += line
+            assert "operator mode" in out
+            assert "llama-3-1-8b-abc12" in out
+            base = out.split("listening on ")[1].split()[0]
+            async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+                async with asyncio.timeout(10):  # routable after its first health probe
+                    while (await client.get("/ready")).status_code != 200:
+                        await asyncio.sleep(0.05)
+                reply = await client.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "llama-3.1-8b",
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 4,
+                    },
+                )
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["message"]["content"]
+        finally:
+            up.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(15):
+                rest = (await up.stdout.read()).decode()
+                code = await up.wait()
+    assert code == 0, out + rest
+    assert "stopped" in rest
+    assert fake.calls_to("GET", "/namespaces/inference/endpointslices")
