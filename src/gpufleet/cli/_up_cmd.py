@@ -63,7 +63,12 @@ def pool_spec(model: ModelConfig) -> PoolSpec:
         gpu=model.gpu,
         tp=model.tp,
         served_model_name=model.name if model.name != served else None,
+        gpu_memory_utilization=model.gpu_memory_utilization,
+        max_model_len=model.max_model_len,
+        prefix_caching=model.prefix_caching,
+        ready_timeout_s=model.startup_timeout,
         args=model.args,
+        env=model.env,
         endpoints=model.endpoints,
     )
     return PoolSpec(model.name, engine, replicas=model.replica_count)
@@ -134,12 +139,14 @@ async def _serve(
     async with LocalRuntime(
         pools, run_dir=run_dir, registry=registry, handle_signals=True
     ) as runtime:
+        # as long as the slowest engine's startup budget (a real one loads for minutes)
+        wait = max([READY_TIMEOUT_S, *(p.engine.ready_timeout_s or 0.0 for p in pools)])
         try:
-            async with asyncio.timeout(READY_TIMEOUT_S):
+            async with asyncio.timeout(wait):
                 snapshot = await runtime.wait_for(RuntimeSnapshot.all_ready)
         except TimeoutError:
             snapshot = runtime.snapshot
-            typer.echo(f"warning: not every replica is ready after {READY_TIMEOUT_S:g} s")
+            typer.echo(f"warning: not every replica is ready after {wait:g} s")
         for replica in snapshot.replicas:
             where = replica.url or "-"
             pid = f"pid {replica.pid}" if replica.pid is not None else replica.engine.value

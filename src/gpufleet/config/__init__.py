@@ -6,6 +6,7 @@ path it loads the packaged default fleet, a small local sim fleet.
 
 from gpufleet.config._fleet import (
     DEFAULT_FLEET,
+    STARTUP_TIMEOUTS,
     EngineKind,
     FleetConfig,
     FleetFileError,
@@ -20,6 +21,7 @@ from gpufleet.config._fleet import (
 
 __all__ = [
     "DEFAULT_FLEET",
+    "STARTUP_TIMEOUTS",
     "EngineKind",
     "FleetConfig",
     "FleetFileError",
