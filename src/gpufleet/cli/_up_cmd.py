@@ -39,6 +39,7 @@ from gpufleet.runtime import (
 )
 
 READY_TIMEOUT_S = 120.0
+"""How long to wait for a pool with no startup budget of its own before serving anyway."""
 
 
 class RuntimeReplicas(ReplicaSource):
@@ -139,8 +140,8 @@ async def _serve(
     async with LocalRuntime(
         pools, run_dir=run_dir, registry=registry, handle_signals=True
     ) as runtime:
-        # as long as the slowest engine's startup budget (a real one loads for minutes)
-        wait = max([READY_TIMEOUT_S, *(p.engine.ready_timeout_s or 0.0 for p in pools)])
+        # as long as the longest startup budget of the fleet (a real engine loads for minutes)
+        wait = max((p.engine.ready_timeout_s or READY_TIMEOUT_S for p in pools), default=0.0)
         try:
             async with asyncio.timeout(wait):
                 snapshot = await runtime.wait_for(RuntimeSnapshot.all_ready)
