@@ -43,7 +43,7 @@ class EngineKind(StrEnum):
     SIM = "sim"
     """``gpufleet engine sim`` child processes: modelled vLLM replicas."""
     VLLM = "vllm"
-    """``vllm serve`` child processes (needs vLLM and a GPU)."""
+    """vLLM's OpenAI server as child processes (a GPU, or vLLM's CPU build: docs/engines.md)."""
     EXTERNAL = "external"
     """Endpoints someone else runs: nothing is started, ``endpoints`` are routed to."""
 

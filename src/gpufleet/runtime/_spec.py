@@ -32,7 +32,7 @@ class EngineKind(StrEnum):
     SIM = "sim"
     """``gpufleet engine sim`` as a child process: a modelled vLLM replica."""
     VLLM = "vllm"
-    """``vllm serve`` as a child process (needs vLLM and a GPU; built, not tested, here)."""
+    """vLLM's OpenAI server as a child process (a GPU, or vLLM's CPU build: docs/engines.md)."""
     EXTERNAL = "external"
     """An endpoint someone else runs: nothing is started, its URL is probed and routed to."""
 
