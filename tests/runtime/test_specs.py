@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 
+import gpufleet.runtime._launch as launch
 from gpufleet.runtime import (
     EngineKind,
     EngineSpec,
@@ -38,7 +40,8 @@ def test_sim_command_line_binds_port_zero_and_lets_engine_args_win() -> None:
     assert plan.env == {"PYTHONUNBUFFERED": "1", "X": "1"}
 
 
-def test_vllm_command_line_uses_the_port_chosen_for_it() -> None:
+def test_vllm_command_line_uses_the_port_chosen_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "_vllm_importable", lambda: False)
     engine = EngineSpec(model="meta-llama/Llama-3.1-8B-Instruct", kind=EngineKind.VLLM, tp=4)
     spec = ReplicaSpec("llama", 1, engine)
     plan = launch_plan(spec, "127.0.0.1", 8123)
@@ -51,6 +54,48 @@ def test_vllm_command_line_uses_the_port_chosen_for_it() -> None:
     assert launch_plan(spec, "::1", 8123).url == "http://[::1]:8123"
     with pytest.raises(ValueError, match="port"):
         launch_plan(spec, "127.0.0.1")
+
+
+def test_vllm_command_line_carries_the_engine_fields_and_user_args_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(launch, "_vllm_importable", lambda: True)
+    engine = EngineSpec(
+        model="/models/tiny",
+        kind=EngineKind.VLLM,
+        served_model_name="tiny",
+        gpu_memory_utilization=0.85,
+        max_model_len=4096,
+        prefix_caching=False,
+        ready_timeout_s=600.0,
+        args=("--enforce-eager", "--max-model-len", "2048"),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    plan = launch_plan(ReplicaSpec("tiny", 0, engine), "127.0.0.1", 8123)
+    # vLLM importable here: its server module, which every release and vllm-cpu have
+    assert plan.argv == (
+        *(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/tiny"),
+        *("--host", "127.0.0.1", "--port", "8123"),
+        *("--tensor-parallel-size", "1", "--seed", "0"),
+        *("--served-model-name", "tiny"),
+        *("--gpu-memory-utilization", "0.85", "--max-model-len", "4096"),
+        "--no-enable-prefix-caching",
+        *("--enforce-eager", "--max-model-len", "2048"),  # last: argparse keeps the last one
+    )
+    assert plan.env == {"PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    on = replace(engine, prefix_caching=True, gpu_memory_utilization=None, args=())
+    argv = launch_plan(ReplicaSpec("tiny", 0, on), "127.0.0.1", 8123).argv
+    assert argv[-3:] == ("--max-model-len", "4096", "--enable-prefix-caching")
+    assert "--gpu-memory-utilization" not in argv  # unset: the engine's default
+
+
+def test_sim_command_line_carries_the_engine_fields_too() -> None:
+    engine = EngineSpec(max_model_len=2048, gpu_memory_utilization=0.5, prefix_caching=False)
+    argv = launch_plan(ReplicaSpec("llama", 0, engine), "127.0.0.1").argv
+    assert argv[-5:] == (
+        *("--gpu-memory-utilization", "0.5", "--max-model-len", "2048"),
+        "--no-enable-prefix-caching",
+    )
 
 
 def test_external_replicas_have_an_endpoint_and_nothing_to_launch() -> None:
@@ -72,6 +117,9 @@ def test_external_replicas_have_an_endpoint_and_nothing_to_launch() -> None:
         (lambda: PoolSpec("a", EngineSpec(), replicas=-1), ">= 0"),
         (lambda: PoolSpec("a", EngineSpec(), start_delay_s=float("nan")), "start_delay_s"),
         (lambda: EngineSpec(tp=0), "tp"),
+        (lambda: EngineSpec(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+        (lambda: EngineSpec(max_model_len=0), "max_model_len"),
+        (lambda: EngineSpec(ready_timeout_s=float("inf")), "ready_timeout_s"),
         (lambda: EngineSpec(kind=EngineKind.EXTERNAL), "endpoint"),
         (lambda: EngineSpec(kind=EngineKind.EXTERNAL, endpoints=("a:1",)), "http"),
         (lambda: EngineSpec(endpoints=("http://a:1",)), "external"),

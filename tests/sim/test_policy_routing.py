@@ -184,6 +184,23 @@ def test_engine_flags_in_args_reach_the_replica_model() -> None:
         FleetSimulation(bad)
 
 
+def test_engine_fields_reach_the_replica_model_and_args_win_over_them() -> None:
+    entry = {
+        "name": "llama-3.1-8b",
+        "replicas": 1,
+        "gpu_memory_utilization": 0.8,
+        "max_model_len": 4096,
+        "prefix_caching": False,
+    }
+    config = FleetSimulation(parse_fleet({"models": [entry]})).harness.drivers[0].model.config
+    assert (config.gpu_memory_utilization, config.max_model_len) == (0.8, 4096)
+    assert config.enable_prefix_caching is False
+    flags = ["--max-model-len", "2048", "--enable-prefix-caching"]
+    fleet = parse_fleet({"models": [{**entry, "args": flags}]})
+    config = FleetSimulation(fleet).harness.drivers[0].model.config
+    assert (config.max_model_len, config.enable_prefix_caching) == (2048, True)
+
+
 @pytest.mark.parametrize("policy", ["kv_aware", "prefix_aware", "least_request"])
 def test_fast_forward_changes_nothing_under_policy_routing(policy: str) -> None:
     fleet = parse_fleet({"models": [{"name": "llama-3.1-8b", "replicas": 3, "routing": policy}]})

@@ -54,6 +54,9 @@ def sim(
     max_num_batched_tokens: Annotated[int, typer.Option(help="vLLM's token budget.")] = 8192,
     max_model_len: Annotated[int | None, typer.Option(help="Longest context served.")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM's setting.")] = 0.9,
+    enable_prefix_caching: Annotated[
+        bool, typer.Option(help="Automatic prefix caching (vLLM's flag).")
+    ] = True,
     num_gpu_blocks_override: Annotated[
         int | None, typer.Option(help="KV blocks instead of the computed budget.")
     ] = None,
@@ -90,6 +93,7 @@ def sim(
                 "max_num_batched_tokens": max_num_batched_tokens,
                 "max_model_len": max_model_len,
                 "gpu_memory_utilization": gpu_memory_utilization,
+                "enable_prefix_caching": enable_prefix_caching,
                 "num_gpu_blocks_override": num_gpu_blocks_override,
                 "time_scale": time_scale,
                 "seed": seed,

@@ -60,6 +60,7 @@ from gpufleet.runtime.kubernetes import (
 from gpufleet.store import Store
 
 READY_TIMEOUT_S = 120.0
+"""How long to wait for a pool with no startup budget of its own before serving anyway."""
 DISCOVERY_TIMEOUT_S = 10.0
 """How long operator mode waits for the first EndpointSlice list before it serves anyway."""
 
@@ -140,7 +141,12 @@ def pool_spec(model: ModelConfig) -> PoolSpec:
         gpu=model.gpu,
         tp=model.tp,
         served_model_name=model.name if model.name != served else None,
+        gpu_memory_utilization=model.gpu_memory_utilization,
+        max_model_len=model.max_model_len,
+        prefix_caching=model.prefix_caching,
+        ready_timeout_s=model.startup_timeout,
         args=model.args,
+        env=model.env,
         endpoints=model.endpoints,
     )
     prewarm = model.autoscale.prewarm if model.autoscale is not None else 0
@@ -252,12 +258,14 @@ async def _serve(
     async with LocalRuntime(
         pools, run_dir=run_dir, registry=registry, handle_signals=True
     ) as runtime:
+        # as long as the longest startup budget of the fleet (a real engine loads for minutes)
+        wait = max((p.engine.ready_timeout_s or READY_TIMEOUT_S for p in pools), default=0.0)
         try:
-            async with asyncio.timeout(READY_TIMEOUT_S):
+            async with asyncio.timeout(wait):
                 snapshot = await runtime.wait_for(RuntimeSnapshot.all_ready)
         except TimeoutError:
             snapshot = runtime.snapshot
-            typer.echo(f"warning: not every replica is ready after {READY_TIMEOUT_S:g} s")
+            typer.echo(f"warning: not every replica is ready after {wait:g} s")
         for replica in snapshot.replicas:
             where = replica.url or "-"
             pid = f"pid {replica.pid}" if replica.pid is not None else replica.engine.value

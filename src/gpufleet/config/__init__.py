@@ -6,6 +6,7 @@ path it loads the packaged default fleet, a small local sim fleet.
 
 from gpufleet.config._fleet import (
     DEFAULT_FLEET,
+    STARTUP_TIMEOUTS,
     AutoscalerConfig,
     EngineKind,
     FleetConfig,
@@ -24,6 +25,7 @@ from gpufleet.config._fleet import (
 
 __all__ = [
     "DEFAULT_FLEET",
+    "STARTUP_TIMEOUTS",
     "AutoscalerConfig",
     "EngineKind",
     "FleetConfig",

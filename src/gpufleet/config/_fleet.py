@@ -51,7 +51,7 @@ class EngineKind(StrEnum):
     SIM = "sim"
     """``gpufleet engine sim`` child processes: modelled vLLM replicas."""
     VLLM = "vllm"
-    """``vllm serve`` child processes (needs vLLM and a GPU)."""
+    """vLLM's OpenAI server as child processes (a GPU, or vLLM's CPU build: docs/engines.md)."""
     EXTERNAL = "external"
     """Endpoints someone else runs: nothing is started, ``endpoints`` are routed to."""
 
@@ -69,11 +69,24 @@ class StartupConfig(_Strict):
     engine takes what it takes)."""
     promote: float = Field(5.0, ge=0.0)
     """Seconds a prewarmed standby takes to join the routable pool."""
+    timeout: float | None = Field(None, gt=0.0)
+    """The startup budget, live: seconds a launched engine has to answer ``/health`` before
+    the runtime kills it and starts it again (a crash, with backoff). Separate from the
+    health checks of a serving replica. Default: ``STARTUP_TIMEOUTS`` of the engine kind
+    (a real engine downloads, loads and compiles a model: minutes)."""
 
     @property
     def cold(self) -> float:
         """A cold start: provisioning + model load."""
         return self.provision + self.load
+
+
+STARTUP_TIMEOUTS: Final = {
+    EngineKind.SIM: 120.0,
+    EngineKind.VLLM: 1800.0,
+    EngineKind.EXTERNAL: 120.0,
+}
+"""Default ``startup.timeout`` per engine kind, in seconds."""
 
 
 def _policy_name(value: object) -> object:
@@ -95,8 +108,21 @@ class ModelConfig(_Strict):
     """Tensor-parallel size."""
     replicas: int | None = Field(None, ge=0)
     """Replicas to run (default: 2, or one per endpoint for ``external``)."""
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    """Share of each GPU's memory the engine may take, weights and KV cache included
+    (``--gpu-memory-utilization``; default: the engine's, 0.9)."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest context (prompt + output) served (``--max-model-len``; default: the model's,
+    clamped by the engine to what its KV cache holds)."""
+    prefix_caching: bool = True
+    """Automatic prefix caching (``--enable-prefix-caching`` / ``--no-enable-prefix-caching``):
+    what makes ``prefix_aware`` routing pay off."""
     args: tuple[str, ...] = ()
-    """Extra engine flags, appended last (``["--time-scale", "10"]`` for a sim engine)."""
+    """Extra engine flags, appended last (``["--time-scale", "10"]`` for a sim engine); a flag
+    given here wins over the fields above."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment of the engine's processes (``CUDA_VISIBLE_DEVICES``,
+    ``VLLM_CPU_KVCACHE_SPACE``, …)."""
     endpoints: tuple[str, ...] = ()
     """Base URLs (``http://host:port``, no ``/v1``) of an ``external`` model's replicas."""
     routing: Annotated[RouterConfig, BeforeValidator(_policy_name)] = PrefixAwareConfig()
@@ -125,6 +151,16 @@ class ModelConfig(_Strict):
                     raise ValueError(f"endpoints: {url!r} is not an http(s) URL")
             if self.autoscale is not None:
                 raise ValueError("an external model cannot autoscale: nothing here starts it")
+            set_here = [
+                name
+                for name in ("gpu_memory_utilization", "max_model_len", "env")
+                if getattr(self, name)
+            ]
+            if set_here:
+                raise ValueError(
+                    f"{', '.join(set_here)}: an external model's engine is configured by "
+                    "whoever runs it"
+                )
             if self.replicas is not None and self.replicas > len(self.endpoints):
                 raise ValueError(
                     f"replicas: {self.replicas} wanted, {len(self.endpoints)} endpoint(s) given"
@@ -154,6 +190,11 @@ class ModelConfig(_Strict):
     def served_model(self) -> str:
         """The model the engine loads (``model``, or ``name``)."""
         return self.model or self.name
+
+    @property
+    def startup_timeout(self) -> float:
+        """The startup budget in seconds (``startup.timeout`` or the engine kind's default)."""
+        return self.startup.timeout or STARTUP_TIMEOUTS[self.engine]
 
     @property
     def replica_count(self) -> int:

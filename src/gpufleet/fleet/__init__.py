@@ -4,6 +4,13 @@ Values only (frozen dataclasses and enums): the gateway and the simulator build 
 policies in ``gpufleet.policy`` read them.
 """
 
+from gpufleet.fleet._engine_metrics import (
+    ENGINE_METRICS,
+    EngineMetrics,
+    EngineSignal,
+    Histogram,
+    read_engine_metrics,
+)
 from gpufleet.fleet._events import FleetEvent, ProbeResult, RequestFinished
 from gpufleet.fleet._replica import (
     IN_SERVICE,
@@ -25,14 +32,18 @@ from gpufleet.fleet._request import (
 from gpufleet.fleet._view import FleetView
 
 __all__ = [
+    "ENGINE_METRICS",
     "FAILURES",
     "IN_SERVICE",
     "LOCAL_ORIGIN_FAILURES",
     "NO_LOAD",
     "REPLICA_ORIGIN_FAILURES",
     "ROUTABLE",
+    "EngineMetrics",
+    "EngineSignal",
     "FleetEvent",
     "FleetView",
+    "Histogram",
     "Outcome",
     "ProbeResult",
     "ReplicaId",
@@ -41,5 +52,6 @@ __all__ = [
     "ReplicaView",
     "RequestFinished",
     "RouteRequest",
+    "read_engine_metrics",
     "text_prefix_hashes",
 ]

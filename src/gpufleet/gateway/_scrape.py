@@ -1,36 +1,24 @@
-"""Reading the three gauges routing needs from a vLLM ``/metrics`` page, cheaply."""
+"""Reading the three gauges routing needs from an engine's ``/metrics`` page.
+
+The names come from one table, ``gpufleet.fleet.ENGINE_METRICS``: vLLM's (old and new) and
+SGLang's.
+"""
 
 from __future__ import annotations
 
-from typing import Final
-
-_RUNNING: Final = "vllm:num_requests_running"
-_WAITING: Final = "vllm:num_requests_waiting"
-_KV: Final = "vllm:kv_cache_usage_perc"
+from gpufleet.fleet import read_engine_metrics
 
 
 def parse_engine_metrics(text: str) -> tuple[int, int, float] | None:
     """``(running, waiting, kv_cache_usage)`` summed over the page's series, or ``None``
-    when the page has none of them (not a vLLM-compatible engine)."""
-    running = waiting = 0.0
-    kv = 0.0
-    seen = False
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name, _, rest = line.partition("{")
-        if not rest:
-            name, _, rest = line.partition(" ")
-        value = rest.rsplit(" ", 1)[-1]
-        if name == _RUNNING:
-            running += float(value)
-        elif name == _WAITING:
-            waiting += float(value)
-        elif name == _KV:
-            kv = max(kv, float(value))
-        else:
-            continue
-        seen = True
-    if not seen:
+    when the page has none of them (not an engine we know) or is malformed. A signal the
+    engine does not export reads 0."""
+    try:
+        sample = read_engine_metrics(text)
+    except ValueError:
         return None
-    return int(running), int(waiting), min(max(kv, 0.0), 1.0)
+    if sample is None or (
+        sample.running is None and sample.waiting is None and sample.kv_cache_usage is None
+    ):
+        return None
+    return sample.running or 0, sample.waiting or 0, sample.kv_cache_usage or 0.0

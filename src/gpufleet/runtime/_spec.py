@@ -33,7 +33,7 @@ class EngineKind(StrEnum):
     SIM = "sim"
     """``gpufleet engine sim`` as a child process: a modelled vLLM replica."""
     VLLM = "vllm"
-    """``vllm serve`` as a child process (needs vLLM and a GPU; built, not tested, here)."""
+    """vLLM's OpenAI server as a child process (a GPU, or vLLM's CPU build: docs/engines.md)."""
     EXTERNAL = "external"
     """An endpoint someone else runs: nothing is started, its URL is probed and routed to."""
 
@@ -58,6 +58,16 @@ class EngineSpec:
     tp: int = 1
     served_model_name: str | None = None
     """The name clients send as ``model`` (default: ``model``)."""
+    gpu_memory_utilization: float | None = None
+    """``--gpu-memory-utilization`` (``None``: the engine's default)."""
+    max_model_len: int | None = None
+    """``--max-model-len`` (``None``: the engine's default)."""
+    prefix_caching: bool | None = None
+    """``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``None``: the engine's
+    default)."""
+    ready_timeout_s: float | None = None
+    """The startup budget: seconds from launch to a 200 from ``/health`` before the start is
+    killed and counted a crash (``None``: ``RuntimeSettings.ready_timeout_s``)."""
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     endpoints: tuple[str, ...] = ()
@@ -69,6 +79,14 @@ class EngineSpec:
         object.__setattr__(self, "endpoints", tuple(e.rstrip("/") for e in self.endpoints))
         if self.tp < 1:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
+        share = self.gpu_memory_utilization
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {share}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        budget = self.ready_timeout_s
+        if budget is not None and not (math.isfinite(budget) and budget > 0):
+            raise ValueError(f"ready_timeout_s must be finite and > 0, got {budget}")
         if self.kind is EngineKind.EXTERNAL:
             if not self.endpoints:
                 raise ValueError("an external engine needs at least one endpoint URL")
@@ -82,6 +100,20 @@ class EngineSpec:
     def served_name(self) -> str:
         """The model name clients use."""
         return self.served_model_name or self.model
+
+    def limit_flags(self) -> tuple[str, ...]:
+        """The memory, context and caching flags that are set, in vLLM's spelling (which the
+        sim engine shares)."""
+        flags: list[str] = []
+        if self.gpu_memory_utilization is not None:
+            flags += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.max_model_len is not None:
+            flags += ["--max-model-len", str(self.max_model_len)]
+        if self.prefix_caching is not None:
+            flags.append(
+                "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching"
+            )
+        return tuple(flags)
 
 
 @dataclass(frozen=True, slots=True)

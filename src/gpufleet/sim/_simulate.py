@@ -39,6 +39,7 @@ _ENGINE_FLAGS: Final = {  # `gpufleet engine sim` flags a fleet file's `args` ma
     "--num-gpu-blocks-override": ("num_gpu_blocks_override", int),
     "--block-size": ("block_size", int),
 }
+_SWITCHES: Final = {"--enable-prefix-caching": True, "--no-enable-prefix-caching": False}
 _IGNORED_FLAGS: Final = frozenset({"--time-scale", "--seed"})
 """Real-time pacing and the engine's own seed mean nothing here (the run's seed rules)."""
 
@@ -63,10 +64,18 @@ def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
         spec, gpu = get_model(model.served_model), get_gpu(model.gpu)
     except CatalogError as error:
         raise ValueError(f"model {model.name!r}: {error}") from None
-    fields: dict[str, Any] = {}
+    # The fleet file's engine fields, then its `args` (which win, as on a live engine).
+    fields: dict[str, Any] = {"enable_prefix_caching": model.prefix_caching}
+    if model.gpu_memory_utilization is not None:
+        fields["gpu_memory_utilization"] = model.gpu_memory_utilization
+    if model.max_model_len is not None:
+        fields["max_model_len"] = model.max_model_len
     args = list(model.args)
     while args:
         flag, _, value = args.pop(0).partition("=")
+        if flag in _SWITCHES:
+            fields["enable_prefix_caching"] = _SWITCHES[flag]
+            continue
         if not value and args and flag in _ENGINE_FLAGS | dict.fromkeys(_IGNORED_FLAGS):
             value = args.pop(0)
         if flag in _IGNORED_FLAGS:

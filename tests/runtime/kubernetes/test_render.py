@@ -155,6 +155,27 @@ def test_vllm_args_come_from_the_fleet_file_and_the_users_args_come_last(
     assert args[-4:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.92"]
 
 
+def test_engine_fields_of_the_fleet_file_become_vllm_flags_env_and_startup_budget(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fields.yaml"
+    path.write_text(
+        "models:\n"
+        "  - {name: qwen, model: Qwen/Qwen2.5-7B-Instruct, engine: vllm, gpu: l40s,\n"
+        "     gpu_memory_utilization: 0.8, max_model_len: 16384, prefix_caching: false,\n"
+        "     startup: {timeout: 2400}, env: {VLLM_LOGGING_LEVEL: DEBUG}}\n"
+    )
+    container = _container(_find(render(fleet_from(path)), "Deployment", "qwen"))
+    args = container["args"]
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.8"
+    assert args[args.index("--max-model-len") + 1] == "16384"
+    assert "--no-enable-prefix-caching" in args
+    assert "--enable-prefix-caching" not in args
+    assert {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"} in container["env"]
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 2400
+
+
 def test_drain_fits_in_the_grace_period_and_probes_give_model_load_minutes(
     gpu_fleet: ClusterFleet,
 ) -> None:

@@ -26,13 +26,14 @@ The drain of a replica pod, from the moment Kubernetes decides to stop it::
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from gpufleet.perf import EngineLimits
-from gpufleet.runtime._spec import EngineKind, PoolSpec
+from gpufleet.runtime._spec import EngineKind, EngineSpec, PoolSpec
 from gpufleet.runtime.kubernetes._gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_product
 
 Manifest = dict[str, Any]
@@ -325,17 +326,28 @@ def _pool(ctx: _Context, pool: PoolSpec, name: str) -> list[Manifest]:
 def vllm_args(pool: PoolSpec, drain_s: int) -> list[str]:
     """``vllm serve`` arguments of a pool's pods; the fleet file's ``args`` come last and win."""
     engine = pool.engine
-    limits = EngineLimits()
+    # Unset fields are written out all the same: the pod's flags say what it runs.
+    limits = replace(
+        engine,
+        gpu_memory_utilization=engine.gpu_memory_utilization
+        or EngineLimits().gpu_memory_utilization,
+        prefix_caching=engine.prefix_caching is not False,
+    )
     return [
         engine.model,
         *("--host", "0.0.0.0", "--port", str(PORT)),
         *("--served-model-name", engine.served_model_name or engine.model),
         *("--tensor-parallel-size", str(engine.tp)),
-        *("--gpu-memory-utilization", f"{limits.gpu_memory_utilization:g}"),
-        "--enable-prefix-caching",
+        *limits.limit_flags(),
         *("--shutdown-timeout", str(drain_s)),
         *engine.args,
     ]
+
+
+def _startup_checks(engine: EngineSpec) -> int:
+    """Failed startup probes (10 s apart) allowed: the engine's startup budget, or ours."""
+    budget = engine.ready_timeout_s or MODEL_LOAD_BUDGET_S
+    return max(1, math.ceil(budget / 10))
 
 
 def sim_args(pool: PoolSpec) -> list[str]:
@@ -346,6 +358,7 @@ def sim_args(pool: PoolSpec) -> list[str]:
         *("--model", engine.model, "--gpu", engine.gpu, "--tp", str(engine.tp)),
         *("--host", "0.0.0.0", "--port", str(PORT)),
         *names,
+        *engine.limit_flags(),
         *engine.args,
     ]
 
@@ -363,11 +376,12 @@ def _vllm_pod(ctx: _Context, pool: PoolSpec) -> Manifest:
                 "valueFrom": {
                     "secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}
                 },
-            }
+            },
+            *({"name": name, "value": value} for name, value in sorted(engine.env.items())),
         ],
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "resources": {"limits": {GPU_RESOURCE: engine.tp}},
-        "startupProbe": _probe("/health", period=10, failures=MODEL_LOAD_BUDGET_S // 10),
+        "startupProbe": _probe("/health", period=10, failures=_startup_checks(engine)),
         "readinessProbe": _probe("/health", period=5, failures=2),
         "livenessProbe": _probe("/health", period=10, failures=3),
         "lifecycle": _pre_stop(),

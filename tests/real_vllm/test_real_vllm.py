@@ -1,0 +1,190 @@
+"""The gateway and the local runtime against two real vLLM replicas (``make test-vllm``).
+
+vLLM's CPU build serves a tiny random Llama made at test time (tests/real_vllm/tiny_model.py)
+under ``gpufleet up``; everything goes through the gateway with the official ``openai``
+client. Skipped where vLLM is not installed (the ordinary ``make test`` environment).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is installed by `make test-vllm` only")
+
+from gpufleet.fleet import read_engine_metrics
+from tests.real_vllm.fleet import (
+    MODEL,
+    STARTUP_BUDGET_S,
+    RunningFleet,
+    alive,
+    sample,
+    vllm_fleet,
+)
+
+SHARED = (
+    "You are the operator's assistant for a fleet of inference replicas. "
+    "The quick brown fox jumps over the lazy dog. A fleet of replicas serves the model "
+    "behind one gateway. Prefix caching keeps the key and value blocks of a shared prompt. "
+) * 4
+"""A system prompt several KV blocks long (vLLM's CPU block is 128 tokens)."""
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
+    with vllm_fleet(tmp_path_factory.mktemp("vllm")) as running:
+        yield running
+    assert running.process.returncode == 0, running.output()
+    assert "stopped" in running.output()
+    assert not any(alive(pid) for pid in running.pids.values())
+
+
+@pytest.fixture
+def client(fleet: RunningFleet) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fleet.base + "/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+def test_chat_and_completion(client: openai.OpenAI) -> None:
+    models = [m.id for m in client.models.list().data]
+    assert models == [MODEL]
+    completion = client.completions.create(
+        model=MODEL, prompt="The router sends", max_tokens=6, extra_body={"ignore_eos": True}
+    )
+    assert completion.model == MODEL
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 6
+    assert completion.choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello, how can I help you today?"}],
+        max_tokens=5,
+        extra_body={"ignore_eos": True},
+    )
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage is not None
+    assert chat.usage.completion_tokens == 5
+
+
+def test_streaming(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tokens stream back one chunk at a time."}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    deltas = [c for c in chunks if c.choices and c.choices[0].delta.content is not None]
+    assert len(deltas) >= 2  # streamed, not one body
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=1)
+
+
+def test_the_gateway_reads_the_real_metrics(fleet: RunningFleet, client: openai.OpenAI) -> None:
+    for name, url in fleet.replicas.items():
+        page = httpx.get(url + "/metrics", timeout=10).text
+        read = read_engine_metrics(page)
+        assert read is not None, name
+        assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_running"} <= read.names
+        assert read.prefix_queries is not None
+    client.completions.create(model=MODEL, prompt=SHARED, max_tokens=2)
+    # the scraper (every 200 ms) published each replica's KV usage and queue as gauges
+    deadline = time.monotonic() + 10
+    while True:
+        found = {
+            name: fleet.gateway_metric("gpufleet:gateway_replica_kv_cache_usage", replica=name)
+            for name in fleet.replicas
+        }
+        if all(value is not None for value in found.values()):
+            break
+        assert time.monotonic() < deadline, found
+        time.sleep(0.2)
+    assert all(0.0 <= value <= 1.0 for value in found.values() if value is not None)
+
+
+def _hits(fleet: RunningFleet) -> dict[str, float]:
+    hits = {}
+    for name, url in fleet.replicas.items():
+        read = read_engine_metrics(httpx.get(url + "/metrics", timeout=10).text)
+        assert read is not None
+        assert read.prefix_hits is not None
+        hits[name] = read.prefix_hits
+    return hits
+
+
+def _attempts(fleet: RunningFleet) -> dict[str, float]:
+    return {
+        name: fleet.gateway_metric("gpufleet:gateway_upstream_attempts_total", replica=name) or 0
+        for name in fleet.replicas
+    }
+
+
+def test_a_repeated_prefix_goes_to_one_replica_and_hits_its_cache(
+    fleet: RunningFleet, client: openai.OpenAI
+) -> None:
+    hits, attempts = _hits(fleet), _attempts(fleet)
+    for question in range(6):
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[
+                {"role": "system", "content": SHARED},
+                {"role": "user", "content": f"Question {question}: where is my request?"},
+            ],
+            max_tokens=2,
+        )
+    served = {n: _attempts(fleet)[n] - attempts[n] for n in fleet.replicas}
+    cached = {n: _hits(fleet)[n] - hits[n] for n in fleet.replicas}
+    chosen = max(served, key=lambda n: served[n])
+    assert served[chosen] == 6, served  # every request on one replica
+    # ... which found the shared blocks in its cache (vLLM's own counter) from the 2nd on
+    assert cached[chosen] >= 5 * 128, cached
+    assert all(cached[n] == 0 for n in fleet.replicas if n != chosen), cached
+
+
+def test_a_killed_replica_is_ejected_and_restarted(
+    fleet: RunningFleet, client: openai.OpenAI
+) -> None:
+    victim = sorted(fleet.pids)[-1]
+    os.kill(fleet.pids[victim], signal.SIGKILL)
+    # every request still succeeds: a refused connection is retried on the other replica
+    for i in range(10):
+        reply = client.completions.create(model=MODEL, prompt=f"{i} {SHARED[i:]}", max_tokens=2)
+        assert reply.choices
+    seen: set[str] = set()
+    deadline = time.monotonic() + STARTUP_BUDGET_S
+    while True:
+        page = httpx.get(fleet.base + "/metrics", timeout=10).text
+        for line in page.splitlines():
+            state = line.startswith("gpufleet:gateway_replica_state{")
+            if state and f'"{victim}"' in line and line.endswith(" 1.0"):
+                seen.add(line.split('state="')[1].split('"')[0])
+        restarted = _value(page, "gpufleet:runtime_replica_restarts_total", pool=MODEL)
+        ready = _value(page, "gpufleet:runtime_ready_replicas", pool=MODEL)
+        if restarted == 1 and ready == 2 and "ready" in seen and len(seen) > 1:
+            break
+        assert time.monotonic() < deadline, (seen, restarted, ready, fleet.output())
+        time.sleep(0.1)
+    assert seen - {"ready"}, seen  # taken out of routing before it came back
+    assert not alive(fleet.pids[victim])
+    log = Path(fleet.run_dir / f"{victim}.log").read_text(errors="replace")
+    assert "launch 2:" in log  # the runtime started it again, same log file
+    # and it serves again: a request with a prefix of its own lands somewhere and succeeds
+    reply = client.completions.create(model=MODEL, prompt="after the restart", max_tokens=2)
+    assert reply.choices
+
+
+def _value(page: str, name: str, **labels: str) -> float | None:
+    return sample(page, name, **labels)
