@@ -1,8 +1,9 @@
 """``gpufleet up``: the local fleet of a fleet file behind the gateway, until Ctrl-C.
 
-The runtime starts every replica as a child process; the gateway (uvicorn, inside the
-runtime's block) routes to the ready ones. Ctrl-C or SIGTERM stops the gateway first (its
-in-flight requests finish), then the runtime drains and stops every replica.
+The runtime starts every replica as a child process; the gateway (its own HTTP server,
+``GatewayServer``, inside the runtime's block) routes to the ready ones. Ctrl-C or SIGTERM
+stops the gateway first (its in-flight requests finish), then the runtime drains and stops
+every replica.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._errors import user_errors
 from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, load_fleet
 from gpufleet.gateway import (
-    SERVER_OPTIONS,
+    GatewayServer,
     ReplicaSource,
     Upstream,
     create_gateway,
@@ -147,9 +147,7 @@ async def _serve(
         for line in spare_warnings(config, snapshot):
             typer.echo(line)
         app = create_gateway(config, RuntimeReplicas(runtime), registry)
-        server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **SERVER_OPTIONS)
-        )
+        server = GatewayServer(app, graceful_timeout=5)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
@@ -165,5 +163,5 @@ async def _serve(
             typer.echo("Ctrl-C to stop")
         await serving
         typer.echo("gateway stopped; draining replicas")
-        await asyncio.Event().wait()  # the signal uvicorn raises again stops the runtime
+        await asyncio.Event().wait()  # the signal the server raises again stops the runtime
     typer.echo("stopped")
