@@ -65,6 +65,9 @@ MAX_BODY: Final = 32 * 1024 * 1024
 _JSON: Final = (b"content-type", b"application/json")
 _COMPLETIONS: Final = {"/v1/chat/completions": True, "/v1/completions": False}
 _SCRAPED_POLICIES: Final = frozenset({"kv_aware", "prefix_aware"})
+_RELAY: Final = "gpufleet.relay"
+"""The ASGI extension of ``GatewayServer`` (``_server.RELAY``) that passes a stream's frames
+from the replica's socket to the client's; under another server, chunks go one by one."""
 
 
 class ClientDisconnectedError(Exception):
@@ -362,6 +365,7 @@ class Gateway:
             )
         metrics.child(metrics.overhead, model).observe(now - arrived)
         stream = payload.get("stream") is True
+        relays = stream and _RELAY in (scope.get("extensions") or ())
         headers = [("content-type", "application/json"), ("x-request-id", request_id)]
         last: UpstreamError | None = None
         for attempt, replica in enumerate(candidates):
@@ -385,7 +389,13 @@ class Gateway:
             outcome = Outcome.CANCELLED
             try:
                 status, outcome = await self._attempt(
-                    upstream_request, stream, send, rid=rid, model=model, arrived=arrived
+                    upstream_request,
+                    stream,
+                    send,
+                    rid=rid,
+                    model=model,
+                    arrived=arrived,
+                    relays=relays,
                 )
                 return status
             except UpstreamError as failure:
@@ -422,11 +432,14 @@ class Gateway:
         rid: Header,
         model: str,
         arrived: float,
+        relays: bool = False,
     ) -> tuple[int, Outcome]:
         """One attempt. A failure before the client saw a byte raises ``UpstreamError``
-        (the caller may retry); one after it ends the stream with an error event."""
+        (the caller may retry); one after it ends the stream with an error event.
+
+        ``relays``: the server takes the ``gpufleet.relay`` extension; a stream's rest then
+        goes from the replica's socket to the client's without a task step per chunk."""
         assert self._client is not None
-        loop = asyncio.get_running_loop()
         timeouts = self._timeouts
         sent = False
         tail = b"\n\n"
@@ -448,18 +461,25 @@ class Gateway:
                     first = await anext(chunks, b"")
                     self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
                     response.headers.append(rid)
-                    start = {"type": "http.response.start", "status": status}
-                    start["headers"] = response.headers
-                    await send(start)
+                    headers = response.headers
+                    await send(
+                        {"type": "http.response.start", "status": status, "headers": headers}
+                    )
                     sent = True
                     await send({"type": "http.response.body", "body": first, "more_body": True})
                     tail = first
+                    idle = timeouts.idle_stream
+                    if relays and response.relay is not None:
+                        deadline.reschedule(None)  # the relay keeps its own idle timeout
+                        tail = b"\n"  # unknown: a blank line first (harmless after an event)
+                        await send({"type": _RELAY, "relay": response.relay, "idle": idle})
+                        await send({"type": "http.response.body", "body": b""})
+                        return status, outcome
                     # the idle deadline moves at most every idle/2: it falls between idle
                     # and 1.5 × idle after the last chunk, without a timer per chunk
-                    idle = timeouts.idle_stream
-                    due = loop.time() + 1.5 * idle
+                    now_is = asyncio.get_running_loop().time
+                    due = now_is() + 1.5 * idle
                     deadline.reschedule(due)
-                    now_is = loop.time
                     async for chunk in chunks:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                         tail = chunk

@@ -66,6 +66,14 @@ KEEP_ALIVE: Final = 75.0
 _BODY_HIGH_WATER: Final = 256 * 1024
 """Unread request-body bytes above which the socket stops being read."""
 _ASGI: Final = {"version": "3.0", "spec_version": "2.3"}
+RELAY: Final = "gpufleet.relay"
+"""The ASGI extension (and message type) by which the gateway hands a stream's rest over::
+
+    if RELAY in scope.get("extensions", {}):   # after http.response.start and a first body
+        await send({"type": RELAY, "relay": response.relay, "idle": 30.0})
+    await send({"type": "http.response.body", "body": b""})
+"""
+_EXTENSIONS: Final[dict[str, dict[str, Any]]] = {RELAY: {}}
 _FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
 _NO_BODY_STATUS: Final = frozenset({204, 304})
 _STATUS_LINES: Final = {
@@ -164,7 +172,10 @@ class _Cycle:
 
     async def send(self, message: Message) -> None:
         if message["type"] != "http.response.body":
-            self._start(message)
+            if message["type"] == RELAY:
+                await self._relay(message)
+            else:
+                self._start(message)
             return
         body = message.get("body", b"")
         more = message.get("more_body", False)
@@ -187,6 +198,24 @@ class _Cycle:
             conn.response_done(self)
         elif conn.write_paused:
             await conn.drain()
+
+    async def _relay(self, message: Message) -> None:
+        """The ``gpufleet.relay`` extension: the app hands over a relay (an upstream body's
+        rest, already chunk-framed) after a ``more_body`` message of a chunked answer."""
+        if not self.chunked or self.response_complete:
+            raise RuntimeError(f"{RELAY} needs a chunked answer under way")
+        await message["relay"](self, message["idle"])
+
+    def write_frames(self, frames: bytes) -> bool:
+        """``FrameSink``: frames straight to the socket; whether it keeps up."""
+        if self.disconnected:
+            return True
+        conn = self.conn
+        conn.write(frames)
+        return not conn.write_paused
+
+    def on_drained(self, callback: Callable[[], None] | None) -> None:
+        self.conn.on_drained = callback
 
     def _start(self, message: Message) -> None:
         kind = message["type"]
@@ -275,6 +304,7 @@ class _Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.write_paused = False
         self.drained: asyncio.Future[None] | None = None
+        self.on_drained: Callable[[], None] | None = None  # a relay waiting to read again
         self.read_paused = False
         self.closing = False
         self.last_active = 0.0
@@ -315,6 +345,8 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.on_drained is not None:
+            self.on_drained()
         drained = self.drained
         if drained is not None:
             self.drained = None
@@ -393,6 +425,7 @@ class _Connection(asyncio.Protocol):
             "query_string": query,
             "headers": self.headers,
             "state": self.server.state.copy(),
+            "extensions": _EXTENSIONS,
         }
         keep_alive = parser.should_keep_alive() and not self.closing
         cycle = _Cycle(self, scope, keep_alive, self.continue_)
