@@ -98,7 +98,20 @@ class _Conn(asyncio.Protocol):
         self.transport = cast("asyncio.Transport", transport)  # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
-        if self.sink is not None:
+        sink = self.sink
+        if sink is not None:
+            # the common read of a relayed stream: exactly one whole data frame
+            eol = data.find(b"\r\n")
+            if 0 < eol < 9 and not self.buf and data.endswith(b"\r\n"):
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:
+                    size = 0
+                if size and eol + size + 4 == len(data):
+                    self.reads += 1
+                    if not sink.write_frames(data):
+                        self._lagging(sink)
+                    return
             self._relay(data)
             return
         self.buf += data
@@ -302,15 +315,8 @@ class _Conn(asyncio.Protocol):
         except _LostError as error:
             self._relay_end(error)
             return
-        if (
-            end
-            and not sink.write_frames(data if end == len(data) else data[:end])
-            and self.transport is not None
-            and not self.paused
-        ):
-            self.paused = True
-            self.transport.pause_reading()
-            sink.on_drained(self._drained)
+        if end and not sink.write_frames(data if end == len(data) else data[:end]):
+            self._lagging(sink)
         if body_end >= 0:
             self.done = True
             if body_end < len(data):  # bytes after the body: the connection is not reusable
@@ -318,6 +324,13 @@ class _Conn(asyncio.Protocol):
             self._relay_end(None)
         elif end < len(data):
             buf += data[end:]
+
+    def _lagging(self, sink: FrameSink) -> None:
+        """The client reads slower than the replica writes: stop reading until it drains."""
+        if self.transport is not None and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+            sink.on_drained(self._drained)
 
     def _drained(self) -> None:
         if self.paused and self.transport is not None and self.sink is not None:

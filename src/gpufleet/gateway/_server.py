@@ -211,7 +211,9 @@ class _Cycle:
         if self.disconnected:
             return True
         conn = self.conn
-        conn.write(frames)
+        transport = conn.transport
+        assert transport is not None
+        transport.write(frames)  # open until connection_lost, which sets ``disconnected``
         return not conn.write_paused
 
     def on_drained(self, callback: Callable[[], None] | None) -> None:
