@@ -118,6 +118,7 @@ class _Cycle:
         "scope",
         "start",
         "started",
+        "unread",
         "waiter",
     )
 
@@ -126,7 +127,8 @@ class _Cycle:
         self.scope = scope
         self.keep_alive = keep_alive
         self.continue_ = continue_  # an ``Expect: 100-continue`` not answered yet
-        self.body = bytearray()
+        self.body: list[bytes] = []  # received, not yet handed to the app
+        self.unread = 0  # their size
         self.more_body = True
         self.received = False  # the last http.request was handed over
         self.disconnected = False
@@ -156,8 +158,10 @@ class _Cycle:
             if self.disconnected or self.response_complete:
                 return {"type": "http.disconnect"}
             if self.body or not (self.more_body or self.received):
-                body = bytes(self.body)
-                self.body.clear()
+                parts = self.body
+                body = parts[0] if len(parts) == 1 else b"".join(parts)
+                parts.clear()
+                self.unread = 0
                 self.received = not self.more_body
                 self.conn.resume_body()
                 return {"type": "http.request", "body": body, "more_body": self.more_body}
@@ -442,8 +446,9 @@ class _Connection(asyncio.Protocol):
         cycle = self.parsing
         if cycle is None or cycle.response_complete:
             return
-        cycle.body += body
-        if len(cycle.body) > _BODY_HIGH_WATER:
+        cycle.body.append(body)
+        cycle.unread += len(body)
+        if cycle.unread > _BODY_HIGH_WATER:
             self._pause_reading()
         self.body_size += len(body)
         if self.body_size > MAX_BODY:  # a chunked body over the limit
@@ -507,7 +512,7 @@ class _Connection(asyncio.Protocol):
     def resume_body(self) -> None:
         if self.read_paused and not self.queue:
             cycle = self.parsing
-            if cycle is None or len(cycle.body) <= _BODY_HIGH_WATER:
+            if cycle is None or cycle.unread <= _BODY_HIGH_WATER:
                 self.read_paused = False
                 if self.transport is not None:
                     self.transport.resume_reading()
