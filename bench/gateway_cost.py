@@ -1,6 +1,6 @@
 """What the gateway costs: CPU per proxied request and per streamed chunk, beside nginx.
 
-    .venv/bin/python bench/gateway_cost.py      # table + bench/results/gateway_cost.json
+    .venv/bin/python bench/gateway_cost.py [--uvicorn]   # table + bench/results/gateway_cost.json
 
 Four processes on loopback, started by this script:
 
@@ -8,8 +8,10 @@ Four processes on loopback, started by this script:
   replicas; ``/health`` and a vLLM-shaped ``/metrics`` for the prober and the scraper): a
   chat completion of ~300 bytes, or an SSE stream of ``--chunks`` events paced
   ``--chunk-gap`` apart (a decode step), each its own write;
-* the gateway as ``gpufleet up`` serves it (uvicorn with uvloop and httptools, lifespan on:
+* the gateway as ``gpufleet up`` serves it (``GatewayServer`` on uvloop, lifespan on:
   health probes and the 200 ms metrics scrape run), ``prefix_aware`` over the four ports;
+  with ``--uvicorn`` also the same gateway under uvicorn (uvloop, httptools,
+  ``SERVER_OPTIONS``), a second process measured the same way;
 * nginx from Debian (one worker, keep-alive upstreams, ``proxy_buffering off``) over the
   same four ports, round robin — skipped, and said so, when ``nginx`` is not installed;
 * the load generator (raw asyncio HTTP/1.1 over keep-alive connections).
