@@ -20,10 +20,12 @@ from gpufleet.gateway import GatewayServer
 from gpufleet.gateway._server import MAX_BODY, MAX_HEAD
 
 Scope = dict[str, Any]
+BLOCK = b"x" * 65536
 
 
 class EchoApp:
-    """``/echo`` answers the request body; ``/stream?n`` streams n chunks; ``/slow?s`` answers
+    """``/echo`` answers the request body; ``/stream?n`` streams n chunks (``/big?n``: n of
+    64 KiB); ``/slow?s`` answers
     after s seconds; ``/hold`` streams one chunk then waits for the client to leave;
     ``/boom`` raises; ``/nothing`` returns without answering."""
 
@@ -31,6 +33,7 @@ class EchoApp:
         self.lifespan: list[str] = []
         self.disconnected = threading.Event()
         self.seen: list[Scope] = []
+        self.sent = 0
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -51,6 +54,8 @@ class EchoApp:
             for i in range(int(query)):
                 await send({"type": "http.response.body", "body": b"%d;" % i, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
+        elif path == "/big":
+            await self._big(send, int(query))
         elif path == "/slow":
             await asyncio.sleep(float(query))
             await _answer(send, b"slow")
@@ -64,6 +69,14 @@ class EchoApp:
             raise RuntimeError("boom")
         elif path != "/nothing":
             await _answer(send, path.encode() + b"?" + query.encode())
+
+    async def _big(self, send: Any, blocks: int) -> None:
+        self.sent = 0
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(blocks):
+            await send({"type": "http.response.body", "body": BLOCK, "more_body": True})
+            self.sent += 1
+        await send({"type": "http.response.body", "body": b""})
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -331,3 +344,20 @@ def test_shutdown_cancels_what_outlives_the_grace_period() -> None:
         assert _closed(sock)
         assert time.monotonic() - started < 3
         sock.close()
+
+
+def test_a_client_that_does_not_read_holds_the_app_back(echo: Any) -> None:
+    port, app = echo
+    with _connect(port) as sock:
+        sock.sendall(b"GET /big?320 HTTP/1.1\r\n\r\n")  # 20 MiB
+        time.sleep(0.3)
+        assert 0 < app.sent < 320  # send() waits while the socket's buffers are full
+        received = 0
+        tail = b""
+        while not tail.endswith(b"\r\n0\r\n\r\n"):
+            data = sock.recv(1 << 20)
+            assert data
+            received += len(data)
+            tail = (tail + data)[-16:]
+        assert received > 320 * len(BLOCK)
+        assert app.sent == 320

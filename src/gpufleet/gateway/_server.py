@@ -106,7 +106,6 @@ class _Cycle:
     __slots__ = (
         "body",
         "chunked",
-        "closing",
         "conn",
         "continue_",
         "disconnected",
@@ -137,7 +136,6 @@ class _Cycle:
         self.started = False  # its head was written
         self.chunked = False
         self.head_only = scope["method"] == "HEAD"
-        self.closing = False
         self.response_complete = False
 
     def wake(self) -> None:
@@ -339,9 +337,7 @@ class _Connection(asyncio.Protocol):
                 cycle.disconnected = True
                 cycle.wake()
         self.queue.clear()
-        drained = self.drained
-        if drained is not None and not drained.done():
-            drained.set_result(None)
+        self.resume_writing()  # nothing more is written: no one waits for a drain
 
     def eof_received(self) -> bool | None:
         return None  # the client half-closed: close; a running cycle sees a disconnect
@@ -360,8 +356,9 @@ class _Connection(asyncio.Protocol):
                 drained.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
-            return
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return  # refused and closing (a shutdown still reads a running request's body)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -475,7 +472,7 @@ class _Connection(asyncio.Protocol):
             self.transport.write(data)
 
     async def drain(self) -> None:
-        if self.closing or not self.write_paused:
+        if not self.write_paused:
             return
         drained = self.drained
         if drained is None:
