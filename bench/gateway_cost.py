@@ -1,6 +1,6 @@
 """What the gateway costs: CPU per proxied request and per streamed chunk, beside nginx.
 
-    .venv/bin/python bench/gateway_cost.py      # table + bench/results/gateway_cost.json
+    .venv/bin/python bench/gateway_cost.py [--uvicorn]   # table + bench/results/gateway_cost.json
 
 Four processes on loopback, started by this script:
 
@@ -8,8 +8,10 @@ Four processes on loopback, started by this script:
   replicas; ``/health`` and a vLLM-shaped ``/metrics`` for the prober and the scraper): a
   chat completion of ~300 bytes, or an SSE stream of ``--chunks`` events paced
   ``--chunk-gap`` apart (a decode step), each its own write;
-* the gateway as ``gpufleet up`` serves it (uvicorn with uvloop and httptools, lifespan on:
+* the gateway as ``gpufleet up`` serves it (``GatewayServer`` on uvloop, lifespan on:
   health probes and the 200 ms metrics scrape run), ``prefix_aware`` over the four ports;
+  with ``--uvicorn`` also the same gateway under uvicorn (uvloop, httptools,
+  ``SERVER_OPTIONS``), a second process measured the same way;
 * nginx from Debian (one worker, keep-alive upstreams, ``proxy_buffering off``) over the
   same four ports, round robin — skipped, and said so, when ``nginx`` is not installed;
 * the load generator (raw asyncio HTTP/1.1 over keep-alive connections).
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -59,7 +62,13 @@ from rich.table import Table
 
 from gpufleet.config import parse_fleet
 from gpufleet.fleet import ReplicaId
-from gpufleet.gateway import SERVER_OPTIONS, StaticReplicas, Upstream, create_gateway
+from gpufleet.gateway import (
+    SERVER_OPTIONS,
+    GatewayServer,
+    StaticReplicas,
+    Upstream,
+    create_gateway,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "gateway_cost.json"
@@ -159,7 +168,7 @@ async def _serve_backend(ports: list[int], chunks: int, gap: float) -> None:
 # -- the gateway, as gpufleet up serves it -------------------------------------------------
 
 
-def _serve_gateway(port: int, backends: list[int], policy: str) -> None:
+def _serve_gateway(port: int, backends: list[int], policy: str, server: str) -> None:
     config = parse_fleet(
         {"models": [{"name": MODEL, "replicas": len(backends), "routing": policy}]}
     )
@@ -168,10 +177,14 @@ def _serve_gateway(port: int, backends: list[int], policy: str) -> None:
         for i, p in enumerate(backends)
     ]
     app = create_gateway(config, StaticReplicas(replicas), CollectorRegistry())
-    # as gpufleet up serves it: uvloop, httptools, no access log (SERVER_OPTIONS)
-    uvicorn.run(
-        app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", **SERVER_OPTIONS
-    )
+    if server == "uvicorn":  # as gpufleet up served it before: uvloop, httptools, SERVER_OPTIONS
+        uvicorn.run(
+            app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", **SERVER_OPTIONS
+        )
+        return
+    # as gpufleet up serves it: the gateway's own server on uvloop
+    sock = socket.create_server(("127.0.0.1", port), backlog=2048)
+    uvloop.run(GatewayServer(app).serve([sock]))
 
 
 # -- the load generator --------------------------------------------------------------------
@@ -438,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=64, help="events per stream")
     parser.add_argument("--chunk-gap", type=float, default=0.002, help="seconds between events")
     parser.add_argument("--policy", default="prefix_aware")
+    parser.add_argument(
+        "--uvicorn",
+        action="store_true",
+        help="also measure the gateway under uvicorn (how gpufleet up served it before)",
+    )
+    parser.add_argument("--server", choices=["own", "uvicorn"], default="own")
     parser.add_argument("--role", choices=["driver", "backend", "gateway", "loadgen"])
     parser.add_argument("--port", type=int)
     parser.add_argument("--ports", type=str)
@@ -450,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.role == "gateway":
-        _serve_gateway(args.port, [int(p) for p in args.ports.split(",")], args.policy)
+        _serve_gateway(args.port, [int(p) for p in args.ports.split(",")], args.policy, args.server)
         return 0
     if args.role == "loadgen":
         _loadgen(args)
@@ -462,56 +481,48 @@ def _drive(args: argparse.Namespace) -> int:
     console = Console(width=130)
     backends = [_free_port() for _ in range(REPLICAS)]
     ports = ",".join(map(str, backends))
-    gateway_port, nginx_port = _free_port(), _free_port()
+    nginx_port = _free_port()
     me = [sys.executable, __file__]
     nginx = shutil.which("nginx") or (
         "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
     )
     if nginx is None:
         console.print("[yellow]nginx is not installed: no reference proxy in this run[/]")
+    servers = ["own", "uvicorn"] if args.uvicorn else ["own"]
     results: list[Measured] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="gateway-cost-") as scratch,
-        _process(
-            [
-                *me,
-                "--role",
-                "backend",
-                "--ports",
-                ports,
-                "--chunks",
-                str(args.chunks),
-                "--chunk-gap",
-                str(args.chunk_gap),
-            ],
-            stdout=subprocess.PIPE,
-        ) as backend,  # fmt: skip
-        _process(
-            [
-                *me,
-                "--role",
-                "gateway",
-                "--port",
-                str(gateway_port),
-                "--ports",
-                ports,
-                "--policy",
-                args.policy,
-            ],
-        ) as gateway,  # fmt: skip
-    ):
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="gateway-cost-"))
+        backend = stack.enter_context(
+            _process(
+                [*me, "--role", "backend", "--ports", ports, "--chunks", str(args.chunks),
+                 "--chunk-gap", str(args.chunk_gap)],
+                stdout=subprocess.PIPE,
+            )
+        )  # fmt: skip
         assert backend.stdout is not None
         backend.stdout.readline()
-        _wait_port(gateway_port)
+        gateways: list[tuple[str, int, int]] = []
+        for server in servers:
+            port = _free_port()
+            process = stack.enter_context(
+                _process(
+                    [*me, "--role", "gateway", "--port", str(port), "--ports", ports,
+                     "--policy", args.policy, "--server", server]
+                )
+            )  # fmt: skip
+            _wait_port(port)
+            gateways.append(("gateway" if server == "own" else f"gateway ({server})", port,
+                             process.pid))  # fmt: skip
         time.sleep(1.5)  # the first probes and scrapes: every replica routable
-        console.print(f"gateway ({args.policy}) …")
-        g = _measure(args, gateway_port, [gateway.pid])
-        results.append(Measured("gateway", *g, p50_ms=0, p99_ms=0))
+        for name, port, pid in gateways:
+            console.print(f"{name} ({args.policy}) …")
+            g = _measure(args, port, [pid])
+            results.append(Measured(name, *g, p50_ms=0, p99_ms=0))
         nginx_proc = None
         if nginx is not None:
             conf = Path(scratch) / "nginx.conf"
-            servers = "\n        ".join(f"server 127.0.0.1:{p};" for p in backends)
-            conf.write_text(_NGINX_CONF.format(dir=scratch, servers=servers, port=nginx_port))
+            upstreams = "\n        ".join(f"server 127.0.0.1:{p};" for p in backends)
+            conf.write_text(_NGINX_CONF.format(dir=scratch, servers=upstreams, port=nginx_port))
             nginx_proc = subprocess.Popen([nginx, "-c", str(conf), "-p", scratch])
         try:
             if nginx_proc is not None:
@@ -521,7 +532,8 @@ def _drive(args: argparse.Namespace) -> int:
                 results.append(Measured("nginx", *n, p50_ms=0, p99_ms=0))
             rate = results[0].requests_per_s / 2
             console.print(f"latency at {rate:.0f} req/s …")
-            targets = [("direct", backends[0], []), ("gateway", gateway_port, [gateway.pid])]
+            targets = [("direct", backends[0], [])]
+            targets += [(name, port, [pid]) for name, port, pid in gateways]
             if nginx_proc is not None:
                 targets.append(("nginx", nginx_port, _nginx_pids(nginx_proc.pid)))
             latency = {}
@@ -563,8 +575,9 @@ def _drive(args: argparse.Namespace) -> int:
         f"P99 {direct['p99_ms']:.2f} ms"
     )
     ratios = {}
-    if len(results) == 2:
-        g_row, n_row = results
+    n_rows = [r for r in results if r.target == "nginx"]
+    if n_rows:
+        g_row, n_row = results[0], n_rows[0]
         ratios = {
             "request": g_row.us_per_request / n_row.us_per_request,
             "chunk": g_row.us_per_chunk_marginal / n_row.us_per_chunk_marginal,
@@ -586,7 +599,7 @@ def _drive(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "bench": "gateway_cost",
-                "command": "python bench/gateway_cost.py",
+                "command": " ".join(["python", "bench/gateway_cost.py", *sys.argv[1:]]),
                 "machine": {
                     "python": sys.version.split()[0],
                     "platform": platform.platform(),

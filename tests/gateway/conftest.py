@@ -1,4 +1,6 @@
-"""Gateway fixtures: real sim replicas and the real gateway, each under uvicorn on 127.0.0.1:0.
+"""Gateway fixtures: real sim replicas under uvicorn and the real gateway under its own server
+(``GatewayServer``, as ``gpufleet up`` serves it; ``server="uvicorn"`` for uvicorn), each on
+127.0.0.1:0.
 
 Each server runs its own event loop in a thread (like httpx's ``serve_in_thread``); tests talk
 to the gateway with the official ``openai`` client over loopback.
@@ -11,16 +13,18 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import httpx
 import uvicorn
+import uvloop
 from prometheus_client import CollectorRegistry
 
 from gpufleet.config import FleetConfig, parse_fleet
 from gpufleet.engine.server import FaultConfig, SimEngineConfig, create_app
 from gpufleet.fleet import ReplicaId
-from gpufleet.gateway import Gateway, StaticReplicas, Upstream, create_gateway
+from gpufleet.gateway import Gateway, GatewayServer, StaticReplicas, Upstream, create_gateway
 
 FAST = 200.0
 """Sim time scale: 200 modelled seconds per real second."""
@@ -28,16 +32,28 @@ MODEL = "llama-3.1-8b"
 
 
 @contextmanager
-def serve_app(app: Any) -> Iterator[str]:
-    """Serve ``app`` on a free loopback port in a thread; yields its base URL."""
+def serve_app(app: Any, server_kind: str = "uvicorn") -> Iterator[str]:
+    """Serve ``app`` on a free loopback port in a thread; yields its base URL.
+
+    ``server_kind``: ``"uvicorn"`` or ``"own"`` (the gateway's ``GatewayServer`` on uvloop).
+    """
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, log_level="warning", ws="none", lifespan="on", timeout_graceful_shutdown=2
+    server: uvicorn.Server | GatewayServer
+    if server_kind == "own":
+        server = GatewayServer(app, graceful_timeout=2)
+
+        def run() -> None:
+            assert isinstance(server, GatewayServer)
+            uvloop.run(server.serve([sock]))
+    else:
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app, log_level="warning", ws="none", lifespan="on", timeout_graceful_shutdown=2
+            )
         )
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        run = partial(server.run, sockets=[sock])
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
@@ -92,12 +108,12 @@ class Running:
 
 @contextmanager
 def serve_gateway(
-    config: FleetConfig, urls: Sequence[str], *, wait_ready: bool = True
+    config: FleetConfig, urls: Sequence[str], *, wait_ready: bool = True, server: str = "own"
 ) -> Iterator[Running]:
     replicas = [Upstream(ReplicaId(f"{MODEL}-{i}"), MODEL, url) for i, url in enumerate(urls)]
     registry = CollectorRegistry()
     app = create_gateway(config, StaticReplicas(replicas), registry)
-    with serve_app(app) as url:
+    with serve_app(app, server) as url:
         if wait_ready:
             deadline = time.monotonic() + 10
             while httpx.get(url + "/ready").status_code != 200:

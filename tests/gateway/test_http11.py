@@ -211,3 +211,127 @@ async def test_an_abandoned_answer_closes_its_connection() -> None:
             await read_slowly()
         assert await fetch(client, url) == (200, [b"ok"])
         assert server.connections == 2
+
+
+# -- relaying a chunked body (``UpstreamResponse.relay``) ------------------------------------
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+def frame(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def unframe(frames: bytes) -> list[bytes]:
+    """The payloads of whole chunk frames; fails on a partial one."""
+    payloads = []
+    while frames:
+        eol = frames.index(b"\r\n")
+        size = int(frames[:eol], 16)
+        assert frames[eol + 2 + size : eol + 4 + size] == b"\r\n"
+        payloads.append(frames[eol + 2 : eol + 2 + size])
+        frames = frames[eol + 4 + size :]
+    return payloads
+
+
+class Sink:
+    """A recording ``FrameSink`` (the client side): every write must be whole frames."""
+
+    def __init__(self, keeps_up: bool = True) -> None:
+        self.writes: list[bytes] = []
+        self.keeps_up = keeps_up
+        self.drained: Callable[[], None] | None = None
+
+    def write_frames(self, frames: bytes) -> bool:
+        unframe(frames)
+        self.writes.append(frames)
+        return self.keeps_up
+
+    def on_drained(self, callback: Callable[[], None] | None) -> None:
+        self.drained = callback
+
+    def payloads(self) -> list[bytes]:
+        return [p for w in self.writes for p in unframe(w)]
+
+
+@pytest.mark.asyncio
+async def test_a_relay_passes_whole_frames_split_anywhere_and_keeps_the_connection() -> None:
+    events = [b"data: %d\n\n" % i for i in range(6)]
+    wire = b"".join(frame(e) for e in events[1:]) + b"0\r\nx-trailer: 1\r\n\r\n"
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        if n == 1:  # the first frame, then the rest cut at odd places
+            await answer(writer, SSE_HEAD + frame(events[0])[:5], frame(events[0])[5:], gap=0.01)
+            await answer(writer, *(wire[i : i + 7] for i in range(0, len(wire), 7)), gap=0.002)
+        else:
+            await answer(writer, LENGTH_ANSWER + b'{"ok":true}')
+
+    async with serving(handler) as (url, server), Http11ReplicaClient(connect=1) as client:
+        sink = Sink()
+        async with client.send(request(url)) as response:
+            first = await anext(response.chunks)
+            assert response.relay is not None
+            await response.relay(sink, 5.0)
+        assert b"".join([first, *sink.payloads()]) == b"".join(events)
+        assert await fetch(client, url) == (200, [b'{"ok":true}'])
+        assert server.connections == 1
+
+
+@pytest.mark.asyncio
+async def test_a_relay_cut_mid_frame_fails_after_the_whole_frames() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await answer(writer, SSE_HEAD + frame(b"data: a\n\n"), gap=0.01)
+        await answer(writer, frame(b"data: b\n\n") + frame(b"data: c\n\n")[:6])
+        writer.close()
+
+    async with serving(handler) as (url, _), Http11ReplicaClient(connect=1) as client:
+        sink = Sink()
+        async with client.send(request(url)) as response:
+            await anext(response.chunks)
+            assert response.relay is not None
+            with pytest.raises(LocalOriginError, match="connection lost"):
+                await response.relay(sink, 5.0)
+        assert sink.payloads() == [b"data: b\n\n"]
+
+
+@pytest.mark.asyncio
+async def test_a_silent_relay_times_out() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await answer(writer, SSE_HEAD + frame(b"data: a\n\n"))
+        await asyncio.sleep(5)
+
+    async with (
+        serving(handler) as (url, _),
+        Http11ReplicaClient(connect=1) as client,
+        client.send(request(url)) as response,
+    ):
+        await anext(response.chunks)
+        assert response.relay is not None
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await response.relay(Sink(), 0.2)
+        assert 0.2 <= asyncio.get_running_loop().time() - started < 1.0
+
+
+@pytest.mark.asyncio
+async def test_a_relay_stops_reading_while_the_client_lags() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await answer(writer, SSE_HEAD + frame(b"data: a\n\n"), gap=0.01)
+        await answer(writer, *(frame(b"data: %d\n\n" % i) for i in range(3)), gap=0.01)
+        await answer(writer, b"0\r\n\r\n")
+
+    async with serving(handler) as (url, _), Http11ReplicaClient(connect=1) as client:
+        sink = Sink(keeps_up=False)
+        async with client.send(request(url)) as response:
+            await anext(response.chunks)
+            assert response.relay is not None
+            relay = asyncio.ensure_future(response.relay(sink, 5.0))
+            await asyncio.sleep(0.2)
+            assert sink.payloads() == [b"data: 0\n\n"]  # paused after the first write
+            assert sink.drained is not None
+            sink.keeps_up = True
+            sink.drained()
+            await relay
+        assert sink.payloads() == [b"data: %d\n\n" % i for i in range(3)]

@@ -18,14 +18,20 @@ from tests.gateway.conftest import (
 )
 
 
-@pytest.fixture(scope="module")
-def gateway() -> Iterator[Running]:
+@pytest.fixture(scope="module", params=["own", "uvicorn"])
+def gateway(request: pytest.FixtureRequest) -> Iterator[Running]:
+    """The gateway under its own server (as ``gpufleet up`` serves it) and under uvicorn:
+    it stays a plain ASGI app."""
     config = fleet(
         routing="prefix_aware",
         health={"active": {"interval": 0.2}},
         gateway={"scrape_interval": 0.1},
     )
-    with sim_replica(seed=1) as a, sim_replica(seed=2) as b, serve_gateway(config, [a, b]) as gw:
+    with (
+        sim_replica(seed=1) as a,
+        sim_replica(seed=2) as b,
+        serve_gateway(config, [a, b], server=request.param) as gw,
+    ):
         yield gw
 
 

@@ -88,7 +88,7 @@ def test_scraped_load_steers_requests_away_from_a_busy_replica(policy: str) -> N
         ]
     )
     app = create_gateway(config, replicas, registry, client=client)
-    with serve_app(app) as url:
+    with serve_app(app, "own") as url:
         deadline = time.monotonic() + 5
         kv = {"replica": f"{MODEL}-0"}
         while registry.get_sample_value("gpufleet:gateway_replica_kv_cache_usage", kv) != 0.93:

@@ -75,7 +75,7 @@ def gateway_over(kind: str) -> Iterator[tuple[str, ScriptedClient, CollectorRegi
     )
     replicas = StaticReplicas([Upstream(ReplicaId(f"{MODEL}-0"), MODEL, f"http://{kind}")])
     app = create_gateway(config, replicas, registry, client=client)
-    with serve_app(app) as url:
+    with serve_app(app, "own") as url:
         deadline = time.monotonic() + 5
         while httpx.get(url + "/ready").status_code != 200:
             assert time.monotonic() < deadline

@@ -1,9 +1,9 @@
 """``gpufleet up``: the fleet of a fleet file behind the gateway, until Ctrl-C.
 
 With ``runtime: local`` (the default) the runtime starts every replica as a child process;
-the gateway (uvicorn, inside the runtime's block) routes to the ready ones. Ctrl-C or SIGTERM
-stops the gateway first (its in-flight requests finish), then the runtime drains and stops
-every replica.
+the gateway (its own HTTP server, ``GatewayServer``, inside the runtime's block) routes to
+the ready ones. Ctrl-C or SIGTERM stops the gateway first (its in-flight requests finish),
+then the runtime drains and stops every replica.
 
 With ``runtime: kubernetes`` (or ``--runtime kubernetes``: what the rendered gateway
 Deployment runs) the gateway is in a cluster: the replicas are the pods of each pool's
@@ -23,15 +23,14 @@ from pathlib import Path
 from typing import Annotated, Protocol
 
 import typer
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._errors import user_errors
 from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, RuntimeKind, load_fleet
 from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.gateway import (
-    SERVER_OPTIONS,
     Gateway,
+    GatewayServer,
     ReplicaSource,
     ScaleActuator,
     Tenancy,
@@ -286,15 +285,13 @@ async def _serve(
         )
         await _serve_gateway(config, app, sock)
         typer.echo("gateway stopped; draining replicas")
-        await asyncio.Event().wait()  # the signal uvicorn raises again stops the runtime
+        await asyncio.Event().wait()  # the signal the server raises again stops the runtime
     typer.echo("stopped")
 
 
 async def _serve_gateway(config: FleetConfig, app: Gateway, sock: socket.socket) -> None:
-    """Serve ``app`` on ``sock`` until uvicorn is told to stop (it handles the signals)."""
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **SERVER_OPTIONS)
-    )
+    """Serve ``app`` on ``sock`` until the server is told to stop (it handles the signals)."""
+    server = GatewayServer(app, graceful_timeout=5)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)
@@ -347,7 +344,7 @@ async def _serve_in_cluster(
             actuator=ClusterActuator(runtime) if scaled else None,
             tenancy=open_tenancy(config),
         )
-        # uvicorn handles SIGINT/SIGTERM while it serves and raises the signal again once it
+        # the server handles SIGINT/SIGTERM while it serves and raises the signal again once it
         # has shut down: absorb that one, so the block ends normally (pods keep running)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

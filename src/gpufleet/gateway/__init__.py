@@ -27,6 +27,7 @@ from gpufleet.gateway._http11 import Http11ReplicaClient
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, StaticReplicas, Upstream
 from gpufleet.gateway._scrape import parse_engine_metrics
+from gpufleet.gateway._server import GatewayServer
 from gpufleet.gateway._state import no_spare_message, required_replicas
 from gpufleet.gateway._tenancy import Tenancy, admin_key
 from gpufleet.gateway._upstream import (
@@ -44,6 +45,7 @@ __all__ = [
     "Gateway",
     "GatewayError",
     "GatewayMetrics",
+    "GatewayServer",
     "Http11ReplicaClient",
     "HttpReplicaClient",
     "LocalOriginError",

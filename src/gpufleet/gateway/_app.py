@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
@@ -69,6 +69,9 @@ MAX_BODY: Final = 32 * 1024 * 1024
 _JSON: Final = (b"content-type", b"application/json")
 _COMPLETIONS: Final = {"/v1/chat/completions": True, "/v1/completions": False}
 _SCRAPED_POLICIES: Final = frozenset({"kv_aware", "prefix_aware"})
+_RELAY: Final = "gpufleet.relay"
+"""The ASGI extension of ``GatewayServer`` (``_server.RELAY``) that passes a stream's frames
+from the replica's socket to the client's; under another server, chunks go one by one."""
 
 
 class ClientDisconnectedError(Exception):
@@ -407,6 +410,7 @@ class Gateway:
             )
         metrics.child(metrics.overhead, model).observe(now - arrived)
         stream = payload.get("stream") is True
+        relays = stream and _RELAY in (scope.get("extensions") or ())
         headers = [("content-type", "application/json"), ("x-request-id", request_id)]
         last: UpstreamError | None = None
         for attempt, replica in enumerate(candidates):
@@ -415,12 +419,8 @@ class Gateway:
                 continue
             retry = attempt > 0
             if retry:
-                if not self._may_retry():
-                    metrics.child(metrics.retries_refused, model).inc()
+                if not self._start_retry(model, last):
                     break
-                reason = last.outcome.value if last is not None else "unknown"
-                metrics.child(metrics.retries, model, reason).inc()
-                self._active_retries += 1
             else:
                 metrics.child(metrics.prefix_match, model).observe(ranking.matched(replica))
             if admitted is not None:
@@ -440,6 +440,7 @@ class Gateway:
                     model=model,
                     arrived=arrived,
                     admitted=admitted,
+                    relays=relays,
                 )
                 return status
             except UpstreamError as failure:
@@ -469,6 +470,17 @@ class Gateway:
         await self.autoscaler.hold(model)
         return pool.router.rank(self._clock(), request, self.fleet.view)
 
+    def _start_retry(self, model: str, last: UpstreamError | None) -> bool:
+        """Count a retry in, if the budget allows one (then the caller must count it out)."""
+        metrics = self.metrics
+        if not self._may_retry():
+            metrics.child(metrics.retries_refused, model).inc()
+            return False
+        reason = last.outcome.value if last is not None else "unknown"
+        metrics.child(metrics.retries, model, reason).inc()
+        self._active_retries += 1
+        return True
+
     def _may_retry(self) -> bool:
         retry = self._retry
         return retry_allowed(
@@ -488,11 +500,14 @@ class Gateway:
         model: str,
         arrived: float,
         admitted: Admitted | None = None,
+        relays: bool = False,
     ) -> tuple[int, Outcome]:
         """One attempt. A failure before the client saw a byte raises ``UpstreamError``
-        (the caller may retry); one after it ends the stream with an error event."""
+        (the caller may retry); one after it ends the stream with an error event.
+
+        ``relays``: the server takes the ``gpufleet.relay`` extension; a stream's rest then
+        goes from the replica's socket to the client's without a task step per chunk."""
         assert self._client is not None
-        loop = asyncio.get_running_loop()
         timeouts = self._timeouts
         sent = False
         tail = b"\n\n"
@@ -502,11 +517,7 @@ class Gateway:
                     status = response.status
                     chunks = response.chunks
                     if status >= 500:
-                        text = b"".join([c async for c in chunks])[:500]
-                        raise ReplicaOriginError(
-                            f"replica answered {status}: {text.decode('utf-8', 'replace')}",
-                            status,
-                        )
+                        raise await _origin_error(status, chunks)
                     outcome = Outcome.SUCCESS if status < 400 else Outcome.CLIENT_ERROR
                     if not stream or status >= 400:
                         await self._answer_whole(
@@ -518,18 +529,26 @@ class Gateway:
                     first = await anext(chunks, b"")
                     self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
                     response.headers.append(rid)
-                    start = {"type": "http.response.start", "status": status}
-                    start["headers"] = response.headers
-                    await send(start)
+                    headers = response.headers
+                    await send(
+                        {"type": "http.response.start", "status": status, "headers": headers}
+                    )
                     sent = True
                     await send({"type": "http.response.body", "body": first, "more_body": True})
                     tail = first
+                    idle = timeouts.idle_stream
+                    # a metered stream (auth on) reads every chunk for its usage: no relay
+                    if relays and admitted is None and response.relay is not None:
+                        deadline.reschedule(None)  # the relay keeps its own idle timeout
+                        tail = b"\n"  # unknown: a blank line first (harmless after an event)
+                        await send({"type": _RELAY, "relay": response.relay, "idle": idle})
+                        await send({"type": "http.response.body", "body": b""})
+                        return status, outcome
                     # the idle deadline moves at most every idle/2: it falls between idle
                     # and 1.5 × idle after the last chunk, without a timer per chunk
-                    idle = timeouts.idle_stream
-                    due = loop.time() + 1.5 * idle
+                    now_is = asyncio.get_running_loop().time
+                    due = now_is() + 1.5 * idle
                     deadline.reschedule(due)
-                    now_is = loop.time
                     async for chunk in chunks:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                         tail = chunk
@@ -699,6 +718,14 @@ class _DisconnectWatch:
             self._owner.uncancel()
         self._owner = None
         return fired
+
+
+async def _origin_error(status: int, chunks: AsyncIterator[bytes]) -> ReplicaOriginError:
+    """A replica's 5xx answer as the error that lets the gateway retry elsewhere."""
+    text = b"".join([c async for c in chunks])[:500]
+    return ReplicaOriginError(
+        f"replica answered {status}: {text.decode('utf-8', 'replace')}", status
+    )
 
 
 def _route_request(

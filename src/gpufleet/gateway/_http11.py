@@ -25,15 +25,13 @@ the request is then sent once more on a new connection (the replica never answer
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Final, Self, cast
 from urllib.parse import urlsplit
 
 from gpufleet.fleet import Outcome
 from gpufleet.gateway._errors import LocalOriginError
-from gpufleet.gateway._upstream import UpstreamRequest, UpstreamResponse
+from gpufleet.gateway._upstream import FrameSink, UpstreamRequest, UpstreamResponse
 
 _PASSED_HEADERS: Final = frozenset({b"content-type", b"content-encoding"})
 _HIGH_WATER: Final = 1 << 20
@@ -61,9 +59,13 @@ class _Conn(asyncio.Protocol):
         "done",
         "error",
         "framing",
+        "idle_timer",
         "keep",
         "left",
         "paused",
+        "reads",
+        "relaying",
+        "sink",
         "transport",
         "waiter",
     )
@@ -82,6 +84,11 @@ class _Conn(asyncio.Protocol):
         self.crlf = False
         self.keep = True
         self.done = False
+        # a body being relayed (``relay``): frames go to ``sink`` from ``data_received``
+        self.sink: FrameSink | None = None
+        self.relaying: asyncio.Future[None] | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.reads = 0
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -89,6 +96,22 @@ class _Conn(asyncio.Protocol):
         self.transport = cast("asyncio.Transport", transport)  # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            # the common read of a relayed stream: exactly one whole data frame
+            eol = data.find(b"\r\n")
+            if 0 < eol < 9 and not self.buf and data.endswith(b"\r\n"):
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:
+                    size = 0
+                if size and eol + size + 4 == len(data):
+                    self.reads += 1
+                    if not sink.write_frames(data):
+                        self._lagging(sink)
+                    return
+            self._relay(data)
+            return
         self.buf += data
         if len(self.buf) > _HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
@@ -109,6 +132,8 @@ class _Conn(asyncio.Protocol):
 
     def _wake_lost(self) -> None:
         self.closed = True
+        if self.relaying is not None:
+            self._relay_end(_LostError(f"connection closed by the replica ({self.error!r})"))
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -240,6 +265,128 @@ class _Conn(asyncio.Protocol):
             return out[0]
         return b"".join(out)
 
+    # -- relaying a chunked body: no task woken per chunk ----------------------------------
+
+    async def relay(self, sink: FrameSink, idle: float) -> None:
+        """:class:`~gpufleet.gateway._upstream.Relay`: the rest of this ``chunked`` body to
+        ``sink``, whole frames as they arrive, from ``data_received`` itself."""
+        try:
+            # a frame that ``read`` began: finish it the plain way, framed anew
+            while not self.done and (self.left or self.crlf):
+                data = await self.read()
+                if data:
+                    sink.write_frames(b"%x\r\n%s\r\n" % (len(data), data))
+            if self.done:
+                return
+            loop = asyncio.get_running_loop()
+            relaying = self.relaying = loop.create_future()
+            self.sink = sink
+            self.idle_timer = loop.call_later(idle / 2, self._tick, idle / 2, self.reads, 0)
+            if self.buf:
+                data = bytes(self.buf)
+                self.buf.clear()
+                self._relay(data)
+            elif self.closed:
+                self._relay_end(_LostError(f"connection closed by the replica ({self.error!r})"))
+            if self.paused and self.transport is not None and self.sink is not None:
+                self.paused = False
+                self.transport.resume_reading()
+            await relaying
+        except _LostError as error:
+            self.keep = False
+            raise LocalOriginError(f"connection lost: {error}") from None
+        finally:
+            sink.on_drained(None)
+            self._relay_end(None)
+
+    def _relay(self, data: bytes) -> None:
+        sink = self.sink
+        assert sink is not None
+        self.reads += 1
+        buf = self.buf
+        if buf:  # a frame split across reads
+            buf += data
+            data = bytes(buf)
+            buf.clear()
+        try:
+            end, body_end = _whole_frames(data)
+        except _LostError as error:
+            self._relay_end(error)
+            return
+        if end and not sink.write_frames(data if end == len(data) else data[:end]):
+            self._lagging(sink)
+        if body_end >= 0:
+            self.done = True
+            if body_end < len(data):  # bytes after the body: the connection is not reusable
+                self.keep = False
+            self._relay_end(None)
+        elif end < len(data):
+            buf += data[end:]
+
+    def _lagging(self, sink: FrameSink) -> None:
+        """The client reads slower than the replica writes: stop reading until it drains."""
+        if self.transport is not None and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+            sink.on_drained(self._drained)
+
+    def _drained(self) -> None:
+        if self.paused and self.transport is not None and self.sink is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def _tick(self, every: float, reads: int, silent: int) -> None:
+        """Every ``every`` s while relaying: two silent ticks in a row are the idle timeout."""
+        silent = silent + 1 if self.reads == reads else 0
+        if silent >= 2:
+            self.idle_timer = None
+            self._relay_end(TimeoutError())
+            return
+        loop = asyncio.get_running_loop()
+        self.idle_timer = loop.call_later(every, self._tick, every, self.reads, silent)
+
+    def _relay_end(self, error: BaseException | None) -> None:
+        """Stop relaying: the body ended (``None``) or failed."""
+        self.sink = None
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        relaying = self.relaying
+        if relaying is not None:
+            self.relaying = None
+            if not relaying.done():
+                if error is None:
+                    relaying.set_result(None)
+                else:
+                    relaying.set_exception(error)
+
+
+def _whole_frames(data: bytes) -> tuple[int, int]:
+    """Where the whole data frames at the start of ``data`` end, and where the body ends
+    (after its last chunk and trailers; ``-1`` if not in ``data``)::
+
+        5\r\nhello\r\n 6\r\n world\r\n 0\r\n\r\n
+        └─ frame ──────┴─ frame ───────┘        ← end
+                                       └ last ┘ ← body end
+    """
+    pos, size_of = 0, len(data)
+    while True:
+        eol = data.find(b"\r\n", pos)
+        if eol < 0:
+            if size_of - pos > 1024:
+                raise _LostError("bad chunk framing")
+            return pos, -1
+        size = _chunk_size(data[pos:eol])
+        if size == 0:
+            last = data.find(b"\r\n\r\n", eol)
+            return pos, (-1 if last < 0 else last + 4)
+        following = eol + size + 4
+        if following > size_of:
+            return pos, -1
+        if data[following - 2 : following] != b"\r\n":
+            raise _LostError("bad chunk framing")
+        pos = following
+
 
 def _chunk_size(line: bytes) -> int:
     try:
@@ -298,6 +445,39 @@ class _Body:
         if not data:
             raise StopAsyncIteration
         return data
+
+
+class _Sending:
+    """``Http11ReplicaClient.send``'s context: a class, not a generator (cheaper per request)."""
+
+    __slots__ = ("client", "conn", "host_port", "request")
+
+    def __init__(self, client: Http11ReplicaClient, request: UpstreamRequest) -> None:
+        self.client = client
+        self.request = request
+
+    async def __aenter__(self) -> UpstreamResponse:
+        request = self.request
+        body = request.body
+        head = b"".join(
+            [b"\r\n%s: %s" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers]
+        )
+        self.host_port, conn, status, headers = await self.client._exchange(
+            request.url,
+            b"POST %s HTTP/1.1" % request.path.encode("latin-1"),
+            b"%s\r\ncontent-length: %d\r\n\r\n%s" % (head, len(body), body),
+        )
+        self.conn = conn
+        relay = conn.relay if conn.framing == _CHUNKED else None
+        return UpstreamResponse(status, headers, _Body(conn), relay)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.client._release(self.host_port, self.conn)
 
 
 class Http11ReplicaClient:
@@ -392,21 +572,8 @@ class Http11ReplicaClient:
                 return
         conn.close()
 
-    @asynccontextmanager
-    async def send(self, request: UpstreamRequest) -> AsyncIterator[UpstreamResponse]:
-        body = request.body
-        head = b"".join(
-            [b"\r\n%s: %s" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers]
-        )
-        host_port, conn, status, headers = await self._exchange(
-            request.url,
-            b"POST %s HTTP/1.1" % request.path.encode("latin-1"),
-            b"%s\r\ncontent-length: %d\r\n\r\n%s" % (head, len(body), body),
-        )
-        try:
-            yield UpstreamResponse(status, headers, _Body(conn))
-        finally:
-            self._release(host_port, conn)
+    def send(self, request: UpstreamRequest) -> _Sending:
+        return _Sending(self, request)
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         parts = urlsplit(url)

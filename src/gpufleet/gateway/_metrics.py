@@ -1,14 +1,16 @@
 """The gateway's Prometheus metrics, in the registry it is given (served at ``/metrics``).
 
 Label children are cached per model and replica, so the hot path does dictionary lookups,
-not ``labels()`` calls.
+not ``labels()`` calls; the metrics updated per request are ``_lean``'s (no lock per value).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpufleet.gateway._lean import LeanCounter, LeanGauge, LeanHistogram
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0,
@@ -32,23 +34,23 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         p = "gpufleet:gateway_"
-        self.requests = Counter(
+        self.requests = LeanCounter(
             p + "requests", "Requests answered, by model and HTTP status.",
             ["model", "status"], registry=registry,
         )  # fmt: skip
-        self.ttft = Histogram(
+        self.ttft = LeanHistogram(
             p + "time_to_first_token_seconds",
             "Request arrival to the first body byte from the replica, as the gateway sees it.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+            ["model"], registry, buckets=_LATENCY_BUCKETS,
         )  # fmt: skip
-        self.e2e = Histogram(
+        self.e2e = LeanHistogram(
             p + "e2e_request_latency_seconds", "Request arrival to its last byte sent.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+            ["model"], registry, buckets=_LATENCY_BUCKETS,
         )  # fmt: skip
-        self.overhead = Histogram(
+        self.overhead = LeanHistogram(
             p + "overhead_seconds",
             "Gateway time before the first attempt is sent (parse, route).",
-            ["model"], buckets=_OVERHEAD_BUCKETS, registry=registry,
+            ["model"], registry, buckets=_OVERHEAD_BUCKETS,
         )  # fmt: skip
         self.retries = Counter(
             p + "retries", "Attempts after a failure before the first byte.",
@@ -59,11 +61,11 @@ class GatewayMetrics:
             "Retries not made because the retry budget was used up.",
             ["model"], registry=registry,
         )  # fmt: skip
-        self.attempts = Counter(
+        self.attempts = LeanCounter(
             p + "upstream_attempts", "Attempts sent to replicas, by how they ended.",
             ["replica", "outcome"], registry=registry,
         )  # fmt: skip
-        self.in_flight = Gauge(
+        self.in_flight = LeanGauge(
             p + "in_flight_requests", "Attempts in flight per replica.",
             ["replica"], registry=registry,
         )  # fmt: skip
@@ -83,14 +85,14 @@ class GatewayMetrics:
             p + "ejections", "Outlier ejections (enforced or dry-run, overflow refused).",
             ["model", "cause", "enforced"], registry=registry,
         )  # fmt: skip
-        self.routing = Counter(
+        self.routing = LeanCounter(
             p + "routing_decisions", "Routing decisions, by policy and whether in panic.",
             ["model", "policy", "panic"], registry=registry,
         )  # fmt: skip
-        self.prefix_match = Histogram(
+        self.prefix_match = LeanHistogram(
             p + "prefix_match_blocks",
             "Prefix blocks of a request the chosen replica was believed to hold.",
-            ["model"], buckets=_BLOCK_BUCKETS, registry=registry,
+            ["model"], registry, buckets=_BLOCK_BUCKETS,
         )  # fmt: skip
         self.no_spare = Gauge(
             p + "pool_without_spare",

@@ -9,7 +9,7 @@ through the same class.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -34,13 +34,41 @@ class UpstreamRequest:
     headers: Sequence[tuple[str, str]] = ()
 
 
+class FrameSink(Protocol):
+    """Where a relayed stream's ``chunked`` frames go: the client's side of the proxy
+    (``GatewayServer`` offers one through the ``gpufleet.relay`` ASGI extension)."""
+
+    def write_frames(self, frames: bytes) -> bool:
+        """Whole chunk frames as they go on the wire; ``False`` when the client reads slower
+        than this writes (stop reading the replica until ``on_drained``'s callback runs)."""
+        ...
+
+    def on_drained(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` when the client has caught up (``None``: no longer)."""
+        ...
+
+
+class Relay(Protocol):
+    """Passes the rest of a ``chunked`` answer to a :class:`FrameSink` as the replica sends
+    it — its frames unchanged, no task woken per chunk — and returns at the body's end (its
+    last chunk is not passed: the sink's owner ends the response). ``LocalOriginError`` when
+    the replica's connection breaks; ``TimeoutError`` after ``idle`` seconds without a byte."""
+
+    async def __call__(self, sink: FrameSink, idle: float) -> None: ...
+
+
 @dataclass(slots=True)
 class UpstreamResponse:
-    """The replica's answer: status, the headers to pass on, and the body as it arrives."""
+    """The replica's answer: status, the headers to pass on, and the body as it arrives.
+
+    ``relay``, when the client offers one (a ``chunked`` answer over HTTP/1.1), passes the
+    rest of the body on without iterating ``chunks`` (what is left of it after any
+    ``chunks`` already read)."""
 
     status: int
     headers: list[tuple[bytes, bytes]]
     chunks: AsyncIterator[bytes]
+    relay: Relay | None = None
 
 
 class ReplicaClient(Protocol):
