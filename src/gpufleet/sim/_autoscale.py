@@ -83,6 +83,8 @@ class Instance:
     """The decision that asked for it as capacity (cold start or promotion)."""
     ready_since: float | None = None
     """A standby: when its model finished loading."""
+    warm_at: float | None = None
+    """A standby: when its model finishes (or finished) loading."""
     serving_at: float | None = None
     gone_at: float | None = None
     driver: int | None = None
@@ -269,7 +271,9 @@ class Autoscaling:
             inst.via = "promoted"
             inst.enter(now, Phase.PROMOTING)
             pool.promoted += 1
-            events.append(self._join_at(now + startup.promote, inst))
+            # A standby still warming finishes loading first, then joins.
+            warm = now if inst.warm_at is None else max(now, inst.warm_at)
+            events.append(self._join_at(warm + startup.promote, inst))
         for _ in range(decision.cold_starts):
             inst = self._provision(now, pool.model, Phase.COLD, "cold")
             inst.asked_at = now
@@ -277,6 +281,7 @@ class Autoscaling:
             events.append(self._join_at(now + startup.cold, inst))
         for _ in range(decision.prewarm_starts):
             inst = self._provision(now, pool.model, Phase.WARMING, "standby")
+            inst.warm_at = now + startup.cold
             pool.prewarm_starts += 1
             events.append(self._join_at(now + startup.cold, inst))
         for rid in decision.drain:
