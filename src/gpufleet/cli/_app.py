@@ -11,6 +11,7 @@ from gpufleet.cli import (
     _engine_cmd,
     _plan_cmd,
     _simulate_cmd,
+    _trace_cmd,
     _up_cmd,
 )
 
@@ -27,6 +28,7 @@ app.command("simulate")(_simulate_cmd.simulate)
 app.add_typer(_catalog_cmd.app, name="catalog")
 app.add_typer(_engine_cmd.app, name="engine")
 app.add_typer(_deploy_cmd.app, name="deploy")
+app.add_typer(_trace_cmd.app, name="trace")
 
 
 @app.command()
