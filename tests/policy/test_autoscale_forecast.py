@@ -132,3 +132,14 @@ def test_forecast_floor_provisions_ahead_of_the_ramp() -> None:
     assert floored > 0
     assert reactive_short > 100
     assert predictive_short < reactive_short / 5
+
+
+def test_the_bucket_in_progress_does_not_swing_the_trend() -> None:
+    """Decisions every second: a new minute starts with one noisy one-second count."""
+    forecaster = DemandForecaster(ForecastConfig())
+    for s in range(15 * 60):
+        forecaster.observe(float(s), 5.0)  # flat: 5 requests/s for 15 minutes
+    forecaster.observe(900.0, 15.0)  # the first second of minute 15 saw 15 arrivals
+    f = forecaster.forecast(900.0, 300.0)
+    assert f is not None
+    assert f.demand == pytest.approx(5.0)

@@ -73,7 +73,7 @@ def test_report_is_byte_identical_for_the_same_inputs_and_seed(tmp_path: Path) -
     assert len(report["timeline"]["kv_usage"]["llama-3.1-8b-0"]) == len(report["timeline"]["t"])
     assert "wall" not in first.decode()
     assert json.loads((tmp_path / "a" / "run.json").read_text())["wall_s"] >= 0
-    for name in ("latency_cdf.png", "load.png", "kv_heatmap.png"):
+    for name in ("latency_cdf.png", "load.png", "kv_heatmap.png", "replicas.png"):
         assert (tmp_path / "a" / name).read_bytes()[:4] == b"\x89PNG"
     assert "TTFT p50 / p90 / p99" in output
 

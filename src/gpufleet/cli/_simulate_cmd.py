@@ -158,7 +158,58 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("goodput", f"{slo['goodput_requests_per_s']} req/s"))
     cost = report["cost"]
     rows.append(("GPU-hours / cost", f"{cost['gpu_hours']:,.2f} h / ${cost['usd']:,.2f}"))
+    rows.extend(_scaling_rows(report))
     return rows
+
+
+def _scaling_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """Replicas over the run and, for autoscaled pools, scale events and lags."""
+    serving = [
+        sum(column)
+        for column in zip(
+            *(p["serving"] for p in report["timeline"]["phases"].values()), strict=True
+        )
+    ]
+    rows = []
+    if serving:
+        mean = sum(serving) / len(serving)
+        rows.append(
+            ("replicas serving min / mean / max", f"{min(serving)} / {mean:.1f} / {max(serving)}")
+        )
+    scaled = report["autoscale"].values()
+    if not scaled:
+        return rows
+    ups = sum(a["scale_ups"] for a in scaled)
+    downs = sum(a["scale_downs"] for a in scaled)
+    promoted = sum(a["promoted"] for a in scaled)
+    cold = sum(a["cold_starts"] for a in scaled)
+    rows.append(("scale ups / downs", f"{ups} / {downs} ({promoted} promoted, {cold} cold)"))
+    lag = [a["lag"]["decision_to_serving_s"] for a in scaled]
+    over = [a["lag"]["over_target"] for a in scaled]
+    rows.append(
+        (
+            "scale-up lag p50 / max (s)",
+            " / ".join(
+                _s(max((x[k] for x in lag if x[k] is not None), default=None))
+                for k in ("p50", "max")
+            ),
+        )
+    )
+    rows.append(
+        (
+            "over target: episodes, p50 / max (s)",
+            f"{sum(o['episodes'] for o in over)}, "
+            + " / ".join(
+                _s(max((o[k] for o in over if o[k] is not None), default=None))
+                for k in ("p50", "max")
+            ),
+        )
+    )
+    return rows
+
+
+def _s(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
 
 
 def _table(reports: dict[str, dict[str, Any]]) -> Table:
@@ -167,7 +218,8 @@ def _table(reports: dict[str, dict[str, Any]]) -> Table:
     for name in reports:
         table.add_column(name, justify="right")
     per = [dict(_rows(r)) for r in reports.values()]
-    for key, _ in _rows(next(iter(reports.values()))):
+    keys = list(dict.fromkeys(key for rows in per for key in rows))  # static fleets lack some
+    for key in keys:
         table.add_row(key, *(rows.get(key, "—") for rows in per))
     return table
 

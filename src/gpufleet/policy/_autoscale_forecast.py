@@ -10,7 +10,8 @@ window (a week of one-minute buckets is ~10k floats). To forecast demand at ``t 
     forecast = w × seasonal + (1 - w) × trend                 (trend alone without a season)
 
 so a ramp that happened yesterday at this hour is expected again, scaled to today's level,
-and a ramp with no precedent is extrapolated from the last ``trend_window``. Everything is
+and a ramp with no precedent is extrapolated from the last ``trend_window`` (of finished
+buckets: the one in progress holds too few samples to fit on). Everything is
 floats and loops: no numpy, no fitting state beyond the buckets.
 """
 
@@ -71,10 +72,15 @@ class DemandForecaster:
 
     def forecast(self, now: float, horizon: float) -> Forecast | None:
         """Demand expected at ``now + horizon``; ``None`` with no history in the trend window."""
-        window = self._config.trend_window
+        window, bucket = self._config.trend_window, self._config.bucket
         recent = self._points(now - window, now)
         if not recent:
             return None
+        # The bucket in progress is left out while a finished one exists: a decision every
+        # second starts each minute with one or two one-second counts, whose noise, at the
+        # end of the fit, swings the slope (and the forecast a horizon ahead) every minute.
+        finished = [p for p in recent if p[0] + bucket / 2 <= now]
+        recent = finished or recent
         at = now + horizon
         level = sum(v for _, v in recent) / len(recent)
         trend = max(0.0, level + _slope(recent) * (at - (now - window / 2)))

@@ -4,6 +4,7 @@ docs/design/sim-kernel.md explains the kernel and the driver, docs/traces.md the
 """
 
 from gpufleet.sim._arrivals import ArrivalProcess
+from gpufleet.sim._autoscale import Autoscaling, Instance, Phase
 from gpufleet.sim._faults import (
     DEFAULT_STARTUP_S,
     BlackoutFault,
@@ -29,6 +30,7 @@ from gpufleet.sim._recorder import Recorder, RequestLog, RequestRecord
 from gpufleet.sim._replica_driver import ReplicaDriver
 from gpufleet.sim._simulate import FleetSimulation, SimOptions, replica_config
 from gpufleet.sim._stats import LogHistogram
+from gpufleet.sim._synth import DEFAULT_SPIKES, DiurnalCurve, Spike, synth_requests
 from gpufleet.sim._traces import (
     PREFIX_BLOCK_TOKENS,
     TraceFormat,
@@ -39,6 +41,7 @@ from gpufleet.sim._traces import (
 )
 
 __all__ = [
+    "DEFAULT_SPIKES",
     "DEFAULT_STARTUP_S",
     "NORMAL",
     "PLOTS",
@@ -46,20 +49,24 @@ __all__ = [
     "PREFIX_HASH_TOKENS",
     "URGENT",
     "ArrivalProcess",
+    "Autoscaling",
     "BlackoutFault",
     "Chooser",
     "ChooserRouting",
     "CrashFault",
+    "DiurnalCurve",
     "Event",
     "Fault",
     "FaultInjector",
     "FleetHarness",
     "FleetSimulation",
+    "Instance",
     "Kernel",
     "KernelClock",
     "LogHistogram",
     "MtbfFault",
     "Part",
+    "Phase",
     "PolicyRouting",
     "PromptBuilder",
     "Recorder",
@@ -72,6 +79,7 @@ __all__ = [
     "SimOptions",
     "SimPool",
     "SlowFault",
+    "Spike",
     "TraceFormat",
     "TraceReader",
     "TraceRequest",
@@ -80,6 +88,7 @@ __all__ = [
     "load_trace",
     "parse_fault",
     "replica_config",
+    "synth_requests",
     "token_prefix_hashes",
     "write_plots",
 ]

@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from gpufleet.engine.model import ReplicaModel
+from gpufleet.fleet import ReplicaState
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
 from gpufleet.sim._policy import PolicyRouting
@@ -254,6 +255,13 @@ class FaultInjector:
                 events.append(self._next_failure(kernel.now, replica))
         kernel.schedule_all(sorted(events, key=lambda e: e.time))
 
+    def replica_added(self, now: float, replica: int, gpus: int) -> None:
+        """Replica ``replica`` (``gpus`` GPUs) joined the fleet: MTBF applies to it too."""
+        self._gpus.append(gpus)
+        assert len(self._gpus) == replica + 1, (len(self._gpus), replica)
+        if self._mtbf is not None:
+            self._harness.kernel.schedule_all([self._next_failure(now, replica)])
+
     def _at(self, time: float, event: Event) -> ScheduledEvent:
         return ScheduledEvent(max(time, self._harness.kernel.now), FAULT_PRIORITY, event)
 
@@ -269,7 +277,8 @@ class FaultInjector:
         match event:
             case Crash(replica=replica, startup_s=startup_s):
                 driver = harness.drivers[replica]
-                if driver.down or (event.mtbf and not harness.active):
+                gone = routing.state(replica) is ReplicaState.STOPPED  # scaled in
+                if driver.down or gone or (event.mtbf and not harness.active):
                     return []
                 self.crashes += 1
                 lost = driver.crash(now, self._fresh(replica))

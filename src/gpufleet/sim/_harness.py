@@ -141,6 +141,7 @@ class FleetHarness:
     """
 
     __slots__ = (
+        "_horizon",
         "_more",
         "_requests",
         "_trace",
@@ -171,6 +172,7 @@ class FleetHarness:
         self.kernel = kernel if kernel is not None else Kernel()
         self.recorder = recorder if recorder is not None else Recorder()
         horizon = self.kernel.next_shared if fast_forward else None
+        self._horizon = horizon
         self.drivers = [
             ReplicaDriver(i, m, self.recorder, horizon=horizon, on_end=self._ended)
             for i, m in enumerate(replicas)
@@ -213,6 +215,18 @@ class FleetHarness:
 
     def run(self, until: float | None = None) -> None:
         self.kernel.run(until)
+
+    def add_replica(self, model: ReplicaModel) -> int:
+        """A new replica joins the fleet (an autoscaler's scale-out): its driver's index.
+
+        Call it from a shared event. Drivers are never removed (the recorder's rows name
+        them by index); a replica that leaves simply gets no more requests.
+        """
+        index = len(self.drivers)
+        self.drivers.append(
+            ReplicaDriver(index, model, self.recorder, horizon=self._horizon, on_end=self._ended)
+        )
+        return index
 
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
         if isinstance(event, Tick):

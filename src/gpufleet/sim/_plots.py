@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-PLOTS = ("latency_cdf.png", "load.png", "kv_heatmap.png")
+PLOTS = ("latency_cdf.png", "load.png", "kv_heatmap.png", "replicas.png")
 _METADATA: dict[str, str | None] = {"Software": None}
 
 
 def write_plots(
     out: Path, report: Mapping[str, Any], latencies: Mapping[str, Mapping[str, Sequence[float]]]
 ) -> list[Path]:
-    """Draw the three plots into ``out``; ``latencies[model]["ttft"|"e2e"]`` sorted seconds."""
+    """Draw the plots into ``out``; ``latencies[model]["ttft"|"e2e"]`` sorted seconds."""
     import matplotlib  # noqa: PLC0415 - slow to import; only when plots are drawn
 
     matplotlib.use("Agg")
@@ -29,6 +29,7 @@ def write_plots(
     _latency_cdfs(plt, paths[0], latencies)
     _load(plt, paths[1], report["timeline"])
     _kv_heatmap(plt, paths[2], report["timeline"])
+    _replicas(plt, paths[3], report["timeline"])
     return paths
 
 
@@ -72,7 +73,7 @@ def _load(plt: Any, path: Path, timeline: Mapping[str, Any]) -> None:
     top.set_title("Load")
     busy = timeline["busy"]
     if busy and t:
-        mean_busy = [sum(col) / len(busy) for col in zip(*busy.values(), strict=True)]
+        mean_busy = [_mean(col) for col in zip(*busy.values(), strict=True)]
         bottom.plot(t, mean_busy, label="mean replica utilisation", color="C2")
     bottom.set_ylabel("utilisation")
     bottom.set_ylim(0, 1.05)
@@ -96,10 +97,10 @@ def _kv_heatmap(plt: Any, path: Path, timeline: Mapping[str, Any]) -> None:
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.32 * max(len(names), 2)), layout="constrained")
     if names and t:
         end = t[-1] + interval
-        peak = max((v for row in kv.values() for v in row), default=0.0)
+        peak = max((v for row in kv.values() for v in row if v is not None), default=0.0)
         top = 1.0 if peak > 0.5 else max(0.05, math.ceil(peak * 20) / 20)  # readable when low
         image = ax.imshow(
-            [kv[name] for name in names],
+            [[math.nan if v is None else v for v in kv[name]] for name in names],
             aspect="auto",
             interpolation="nearest",
             cmap="viridis",
@@ -114,3 +115,41 @@ def _kv_heatmap(plt: Any, path: Path, timeline: Mapping[str, Any]) -> None:
     ax.set_title("KV-cache usage per replica")
     fig.savefig(path, dpi=110, metadata=_METADATA)
     plt.close(fig)
+
+
+def _replicas(plt: Any, path: Path, timeline: Mapping[str, Any]) -> None:
+    """Replicas over time per model, stacked by phase, over the arrival rate; GPUs charged."""
+    t, interval = timeline["t"], timeline["interval_s"]
+    phases: Mapping[str, Mapping[str, Sequence[int]]] = timeline["phases"]
+    fig, axes = plt.subplots(
+        len(phases) + 1, 1, figsize=(11, 2.6 * (len(phases) + 1)), sharex=True, layout="constrained"
+    )
+    colors = {"serving": "C2", "starting": "C1", "standby": "C0", "draining": "C7"}
+    for ax, (model, series) in zip(axes, phases.items(), strict=False):
+        if t:
+            ax.stackplot(
+                t,
+                *(series[k] for k in colors),
+                labels=list(colors),
+                colors=list(colors.values()),
+                step="post",
+                alpha=0.85,
+            )
+        ax.set_ylabel("replicas")
+        ax.set_title(f"{model}: replicas by phase")
+        ax.legend(loc="upper left", fontsize="small")
+        twin = ax.twinx()
+        twin.plot(t, [a / interval for a in timeline["arrivals"]], color="k", linewidth=0.6)
+        twin.set_ylabel("arrivals / s (all models)")
+    last = axes[-1]
+    last.step(t, timeline["gpus"], where="post", color="C3")
+    last.set_ylabel("GPUs charged")
+    last.set_xlabel("simulated seconds")
+    last.set_title("GPUs charged (provisioned, whatever the phase)")
+    fig.savefig(path, dpi=110, metadata=_METADATA)
+    plt.close(fig)
+
+
+def _mean(values: Sequence[float | None]) -> float:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else math.nan

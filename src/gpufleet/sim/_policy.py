@@ -69,6 +69,8 @@ PREFIX_HASH_TOKENS: Final = 128
 """Token ids per prefix-hash block: the token count of the gateway's 512-character block."""
 PREFIX_HASH_MAX_BLOCKS: Final = 256
 """At most this many blocks are hashed, as in the gateway."""
+_LEAVING: Final = frozenset({ReplicaState.DRAINING, ReplicaState.STOPPED})
+"""Runtime states of a replica that will not take new requests again."""
 
 
 def token_prefix_hashes(
@@ -102,30 +104,47 @@ class SimPool:
     routing: RouterConfig
     replicas: int
     health: HealthConfig = field(default_factory=HealthConfig)
+    scraped: bool = False
+    """Scrape its engine metrics even if the router reads none (an autoscaled pool)."""
 
 
 class _Pool:
-    __slots__ = ("decision", "first", "hashes", "health", "ids", "name", "router", "scraped")
+    __slots__ = (
+        "arrivals",
+        "decision",
+        "hashes",
+        "health",
+        "ids",
+        "members",
+        "name",
+        "named",
+        "router",
+        "scraped",
+    )
 
     def __init__(
         self,
         name: str,
         router: Router,
         config: RouterConfig,
-        ids: list[ReplicaId],
         *,
         health: HealthPolicy,
-        first: int,
+        scraped: bool,
     ):
         self.name = name
         self.router = router
-        self.ids = ids
+        self.ids: list[ReplicaId] = []
+        """The pool's replicas (not stopped), oldest first: the runtime appends."""
+        self.members: list[int] = []
+        """Their driver indices, in the same order."""
+        self.named = 0
+        """Replicas ever named: the next one is ``<name>-<named>``."""
         self.health = health
-        self.first = first
-        """Driver index of the pool's first replica."""
         self.decision: HealthDecision | None = None
-        self.scraped = hasattr(config, "max_scrape_age")
-        """The router reads engine metrics, so the gateway scrapes this pool."""
+        self.scraped = scraped or hasattr(config, "max_scrape_age")
+        """The router (or the autoscaler) reads engine metrics: the gateway scrapes it."""
+        self.arrivals = 0
+        """Requests routed to this pool so far (the autoscaler's demand)."""
         self.hashes = isinstance(config, PrefixAwareConfig)
         """The router reads prefix hashes (only then are they computed)."""
 
@@ -151,8 +170,12 @@ class HealthWake:
 class PolicyRouting:
     """A :class:`~gpufleet.sim.Routing` that asks the fleet file's routers and health policies.
 
-    Drivers are laid out pool after pool, in the order of ``pools``; replica ``i`` of pool
-    ``name`` is ``"<name>-<i>"``, the gateway's names. A request goes to the pool its trace
+    The initial drivers are laid out pool after pool, in the order of ``pools``; replica
+    ``i`` of pool ``name`` is ``"<name>-<i>"``, the gateway's names. The replica set may
+    change during a run (the autoscaler, ``gpufleet.sim._autoscale``): :meth:`add_replica`
+    appends a driver to a pool, :meth:`drain_replica` stops routing to one and
+    :meth:`remove_replica` takes it out of every view (its driver index stays, unused). A
+    request goes to the pool its trace
     names (``TraceRequest.model``) when the fleet serves it, else to the first pool: traces
     name one model or none. Router ``i`` draws from ``Random(seed * 1000 + 2 * i)`` and
     health policy ``i`` from ``Random(seed * 1000 + 2 * i + 1)``, the gateway's seeding.
@@ -171,8 +194,10 @@ class PolicyRouting:
         "_by_name",
         "_harness",
         "_index",
+        "_last_end",
         "_loads",
         "_open",
+        "_pool_index",
         "_pools",
         "_restarted",
         "_runtime",
@@ -206,29 +231,31 @@ class PolicyRouting:
             raise ValueError("a fleet needs at least one model")
         self._pools: list[_Pool] = []
         self._index: dict[ReplicaId, int] = {}
-        views: list[ReplicaView] = []
+        self._views: list[ReplicaView] = []
+        """Every replica ever, by driver index (a stopped one keeps its slot)."""
+        self._pool_index: list[_Pool] = []
+        self._loads: list[ReplicaLoad] = []
+        self._runtime: list[ReplicaState] = []
+        """What the runtime says of each replica: READY; STARTING from a crash to the end
+        of its restart; DRAINING (scale-in: no new requests); STOPPED (gone)."""
+        self._last_end: list[float] = []
+        """When each replica's last request ended (a drained replica leaves then)."""
         for i, pool in enumerate(pools):
             if pool.replicas < 1:
                 raise ValueError(f"model {pool.name!r} has no replicas to simulate")
-            ids = [ReplicaId(f"{pool.name}-{k}") for k in range(pool.replicas)]
             router = make_router(pool.routing, Random(seed * 1000 + 2 * i))
             health = HealthPolicy(pool.health, Random(seed * 1000 + 2 * i + 1))
             self._pools.append(
-                _Pool(pool.name, router, pool.routing, ids, health=health, first=len(views))
+                _Pool(pool.name, router, pool.routing, health=health, scraped=pool.scraped)
             )
-            for replica in ids:
-                self._index[replica] = len(views)
-                views.append(ReplicaView(replica, pool.name, ReplicaState.READY))
         self._by_name = {p.name: p for p in self._pools}
-        self._views = views
-        self._loads: list[ReplicaLoad] = [NO_LOAD] * len(views)
-        self._runtime: list[ReplicaState] = [ReplicaState.READY] * len(views)
-        """What the runtime says of each replica: READY, or STARTING from a crash to the
-        end of its restart."""
+        for made, spec in zip(self._pools, pools, strict=True):
+            for _ in range(spec.replicas):
+                self._add(made, ReplicaState.READY)
         self._restarted: set[int] = set()
         self.blackout: set[int] = set()
         """Replicas whose scrapes do not update (a metric blackout)."""
-        self.view = FleetView.of(0.0, views)
+        self.view = FleetView.of(0.0, self._views)
         """What the routers see: rebuilt at each scrape and health decision."""
         self.scrape_interval = scrape_interval
         self.retry = retry if retry is not None else RetryConfig()
@@ -254,8 +281,26 @@ class PolicyRouting:
 
     @property
     def replica_ids(self) -> list[ReplicaId]:
-        """Every replica's name, in driver order."""
+        """Every replica's name, in driver order (stopped ones included)."""
         return [r.id for r in self._views]
+
+    def pool_names(self) -> list[str]:
+        return [p.name for p in self._pools]
+
+    def arrivals(self, model: str) -> int:
+        """Requests routed to ``model``'s pool so far."""
+        return self._by_name[model].arrivals
+
+    def members(self, model: str) -> list[int]:
+        """Driver indices of ``model``'s replicas that are not stopped, oldest first."""
+        return list(self._by_name[model].members)
+
+    def state(self, replica: int) -> ReplicaState:
+        """What the runtime says of driver ``replica``."""
+        return self._runtime[replica]
+
+    def last_end(self, replica: int) -> float:
+        return self._last_end[replica]
 
     def pool_of(self, request: TraceRequest) -> str:
         """The model that serves ``request``."""
@@ -272,8 +317,57 @@ class PolicyRouting:
 
     # -- the runtime's picture ----------------------------------------------------------
 
+    def _add(self, pool: _Pool, state: ReplicaState, replica: ReplicaId | None = None) -> int:
+        k = len(self._views)
+        if replica is None:
+            replica = ReplicaId(f"{pool.name}-{pool.named}")
+            pool.named += 1
+        if replica in self._index:
+            raise ValueError(f"replica {replica!r} exists already")
+        pool.ids.append(replica)
+        pool.members.append(k)
+        self._index[replica] = k
+        self._views.append(ReplicaView(replica, pool.name, state))
+        self._pool_index.append(pool)
+        self._loads.append(NO_LOAD)
+        self._runtime.append(state)
+        self._last_end.append(0.0)
+        return k
+
+    def add_replica(self, now: float, model: str, replica: ReplicaId) -> int:
+        """A new replica of ``model`` is up, as the harness's next driver (its index is
+        returned): like a restart, its checks start over, so it is routable after its
+        first probe (answered at once)."""
+        k = self._add(self._by_name[model], ReplicaState.READY, replica)
+        self._last_end[k] = now
+        self._restarted.add(k)
+        self.decide(now)
+        self.decide(now)
+        return k
+
+    def drain_replica(self, now: float, replica: int) -> None:
+        """Scale-in: ``replica`` takes no new request; it finishes those it has."""
+        if self._runtime[replica] is not ReplicaState.STOPPED:
+            self._runtime[replica] = ReplicaState.DRAINING
+            self.decide(now)
+
+    def remove_replica(self, now: float, replica: int) -> None:
+        """``replica`` is gone (drained): out of the pool and of every view."""
+        if self._runtime[replica] is ReplicaState.STOPPED:
+            return
+        self._runtime[replica] = ReplicaState.STOPPED
+        pool = self._pool_index[replica]
+        at = pool.members.index(replica)
+        del pool.members[at]
+        del pool.ids[at]
+        self.decide(now)
+
     def replica_down(self, now: float, replica: int) -> None:
-        """The runtime saw ``replica`` die; it is STARTING until :meth:`replica_up`."""
+        """The runtime saw ``replica`` die; it is STARTING until :meth:`replica_up`
+        (a draining or stopped replica stays so: it will not serve again)."""
+        if self._runtime[replica] in _LEAVING:
+            self.decide(now)
+            return
         self._runtime[replica] = ReplicaState.STARTING
         self.decide(now)
 
@@ -284,6 +378,8 @@ class PolicyRouting:
         the new process its first probe at once, as the gateway's health loop does when
         the runtime reports a new address.
         """
+        if self._runtime[replica] in _LEAVING:
+            return
         self._runtime[replica] = ReplicaState.READY
         self._restarted.add(replica)
         self.decide(now)
@@ -298,7 +394,7 @@ class PolicyRouting:
         for pool in self._pools:
             if not pool.scraped:
                 continue
-            for k in range(pool.first, pool.first + len(pool.ids)):
+            for k in pool.members:
                 driver = drivers[k]
                 if driver.down or k in self.blackout:
                     continue
@@ -316,22 +412,19 @@ class PolicyRouting:
         """Rebuild the routing view: runtime states, last loads, health decisions."""
         views = self._views
         loads, runtime = self._loads, self._runtime
-        for k, old in enumerate(views):
-            load, state = loads[k], runtime[k]
-            if state is ReplicaState.READY:
-                decision = self._pools_of(k).decision
-                decided = None if decision is None else decision.states.get(old.id)
-                state = decided if decided is not None else ReplicaState.STARTING
-            if old.load is not load or old.state is not state:
-                views[k] = ReplicaView(old.id, old.model, state, load)
-        self.view = FleetView.of(now, views)
-
-    def _pools_of(self, replica: int) -> _Pool:
-        pools = self._pools
-        for pool in reversed(pools):
-            if replica >= pool.first:
-                return pool
-        return pools[0]
+        current: list[ReplicaView] = []
+        for pool in self._pools:
+            decision = pool.decision
+            for k in pool.members:
+                old = views[k]
+                load, state = loads[k], runtime[k]
+                if state is ReplicaState.READY:
+                    decided = None if decision is None else decision.states.get(old.id)
+                    state = decided if decided is not None else ReplicaState.STARTING
+                if old.load is not load or old.state is not state:
+                    old = views[k] = ReplicaView(old.id, old.model, state, load)
+                current.append(old)
+        self.view = FleetView.of(now, current)
 
     # -- health ---------------------------------------------------------------------------
 
@@ -365,7 +458,7 @@ class PolicyRouting:
         decision: HealthDecision | None = None
         for _ in range(3):
             members = []
-            for k, replica in enumerate(pool.ids, start=pool.first):
+            for k, replica in zip(pool.members, pool.ids, strict=True):
                 state = runtime[k]
                 if first and k in restarted and state is ReplicaState.READY:
                     state = ReplicaState.STARTING
@@ -400,6 +493,7 @@ class PolicyRouting:
         replicas: Sequence[ReplicaDriver],
     ) -> int | None:
         pool = self._by_name[self.pool_of(request)]
+        pool.arrivals += 1
         routed = RouteRequest(
             str(index),
             pool.name,
@@ -423,8 +517,10 @@ class PolicyRouting:
         return self._index[replica]
 
     def _up(self, replica: ReplicaId, drivers: Sequence[ReplicaDriver]) -> bool:
-        """The gateway skips replicas it has no address for (the process is gone)."""
-        return not drivers[self._index[replica]].down
+        """The gateway skips replicas it has no address for (the process is gone) and,
+        on a retry, one that began to drain since the ranking."""
+        k = self._index[replica]
+        return not drivers[k].down and self._runtime[k] not in _LEAVING
 
     def _close(self, now: float, index: int, outcome: Outcome) -> _Open:
         attempt = self._open.pop(index)
@@ -435,6 +531,7 @@ class PolicyRouting:
         return attempt
 
     def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None:
+        self._last_end[replica] = now
         self._close(now, index, Outcome.CLIENT_ERROR if rejected else Outcome.SUCCESS)
 
     def on_lost(self, now: float, index: int, replica: int, started: bool) -> int | None:

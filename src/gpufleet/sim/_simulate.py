@@ -21,6 +21,8 @@ from typing import Any, Final
 from gpufleet.catalog import CatalogError, get_gpu, get_model
 from gpufleet.config import FleetConfig, ModelConfig
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
+from gpufleet.fleet import ReplicaId, ReplicaState
+from gpufleet.sim._autoscale import Autoscaling
 from gpufleet.sim._faults import Fault, FaultInjector, MtbfFault, fault_spec
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._policy import PolicyRouting, SimPool
@@ -56,6 +58,9 @@ class SimOptions:
     fast_forward: bool = True
     faults: tuple[Fault, ...] = ()
     """The scenario: crashes, MTBF, slow replicas, metric blackouts (``gpufleet.sim._faults``)."""
+    autoscale_interval: float = 1.0
+    """Simulated seconds between two decisions of each autoscaled pool (and at every
+    decision's ``next_at``)."""
 
 
 def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
@@ -100,11 +105,15 @@ class Timeline:
     """Requests that arrived since the previous sample."""
     in_flight: list[int] = field(default_factory=list)
     replicas: list[int] = field(default_factory=list)
-    """Replicas serving (all of them until faults and scaling are modelled)."""
-    kv_usage: list[list[float]] = field(default_factory=list)
-    """Per sample, per replica."""
-    busy: list[list[float]] = field(default_factory=list)
+    """Replicas up: in the fleet (not drained away) and not crashed."""
+    kv_usage: list[list[float | None]] = field(default_factory=list)
+    """Per sample, per replica (driver order; ``None`` while a replica is not in the fleet)."""
+    busy: list[list[float | None]] = field(default_factory=list)
     """Per sample, per replica: share of the interval before it spent in steps."""
+    gpus: list[int] = field(default_factory=list)
+    """GPUs charged: every replica provisioned and not yet gone, whatever its phase."""
+    phases: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    """Per model, replicas serving / starting / standby / draining at each sample."""
 
 
 class FleetSimulation:
@@ -117,13 +126,17 @@ class FleetSimulation:
         pools: list[SimPool] = []
         configs: list[ReplicaConfig] = []
         gpus: list[int] = []
+        self._configs = {}
         for entry in fleet.models:
             config = replica_config(entry, options.seed)
+            self._configs[entry.name] = config
             count = entry.replica_count
-            pools.append(SimPool(entry.name, entry.routing, count, entry.health))
+            scaled = entry.autoscale is not None
+            pools.append(SimPool(entry.name, entry.routing, count, entry.health, scaled))
             models.extend(ReplicaModel(config) for _ in range(count))
             configs.extend([config] * count)
             gpus.extend([entry.tp] * count)
+        self._replica_configs = configs
         self.routing = PolicyRouting(
             pools,
             seed=options.seed,
@@ -137,7 +150,6 @@ class FleetSimulation:
             routing=self.routing,
             fast_forward=options.fast_forward,
         )
-        self.replica_ids = list(self.routing.replica_ids)
         known = set(self.replica_ids)
         for fault in options.faults:
             if not isinstance(fault, MtbfFault) and fault.replica not in known:
@@ -154,8 +166,36 @@ class FleetSimulation:
         )
         self.replica_models = [p.name for p in pools for _ in range(p.replicas)]
         self.timeline = Timeline(options.sample_interval)
+        self.timeline.phases = {
+            m.name: {k: [] for k in ("serving", "starting", "standby", "draining")}
+            for m in fleet.models
+        }
         self._arrived_at_sample = 0
         self._busy_at_sample = [0.0] * len(models)
+        self.autoscaling = Autoscaling(
+            fleet.models,
+            self.harness,
+            self.routing,
+            new_driver=self._new_driver,
+            interval=options.autoscale_interval,
+        )
+
+    def _new_driver(self, model: str) -> int:
+        """A replica of ``model`` joins (an autoscaler's scale-out): its driver index."""
+        config = self._configs[model]
+        k = self.harness.add_replica(ReplicaModel(config))
+        self._replica_configs.append(config)
+        self.replica_models.append(model)
+        self._busy_at_sample.append(0.0)
+        entry = self.fleet.model(model)
+        assert entry is not None
+        self.faults.replica_added(self.now, k, entry.tp)
+        return k
+
+    @property
+    def replica_ids(self) -> list[ReplicaId]:
+        """Every replica's name, in driver order (those that joined later too)."""
+        return self.routing.replica_ids
 
     @property
     def now(self) -> float:
@@ -168,6 +208,7 @@ class FleetSimulation:
     def start(self, trace: Iterable[TraceRequest]) -> None:
         self.harness.start(trace)
         self.routing.attach(self.harness)
+        self.autoscaling.start()
         self.harness.every(self.options.sample_interval, self._sample)
         self.faults.start(self.options.faults)
 
@@ -202,17 +243,31 @@ class FleetSimulation:
         timeline.arrivals.append(delivered - self._arrived_at_sample)
         self._arrived_at_sample = delivered
         timeline.in_flight.append(self.harness.live)
-        timeline.replicas.append(sum(1 for d in drivers if not d.down))
-        timeline.kv_usage.append([min(1.0, d.model.stats().kv_cache_usage) for d in drivers])
+        routing = self.routing
+        here = [routing.state(k) is not ReplicaState.STOPPED for k in range(len(drivers))]
+        timeline.replicas.append(
+            sum(1 for d, h in zip(drivers, here, strict=True) if h and not d.down)
+        )
+        timeline.kv_usage.append(
+            [
+                min(1.0, d.model.stats().kv_cache_usage) if h else None
+                for d, h in zip(drivers, here, strict=True)
+            ]
+        )
         span = timeline.interval if len(timeline.t) > 1 else 0.0
         busy = [d.busy_s for d in drivers]
         timeline.busy.append(
             [
-                min(1.0, (b - a) / span) if span else 0.0
-                for a, b in zip(self._busy_at_sample, busy, strict=True)
+                (min(1.0, (b - a) / span) if span else 0.0) if h else None
+                for a, b, h in zip(self._busy_at_sample, busy, here, strict=True)
             ]
         )
         self._busy_at_sample = busy
+        scaling = self.autoscaling
+        timeline.gpus.append(scaling.charged_gpus())
+        for model, series in timeline.phases.items():
+            for key, count in scaling.counts(model).items():
+                series[key].append(count)
 
     # -- the report -----------------------------------------------------------------------
 
@@ -367,29 +422,34 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
     }
     overall_metrics = metrics(overall, all_itl, sum(preemptions.values()))
 
-    hours = makespan / 3600.0
+    scaling = sim.autoscaling
     cost_models: dict[str, Any] = {}
     for entry in sim.fleet.models:
-        gpus = entry.tp * entry.replica_count
+        bill = scaling.bill(entry.name, makespan)
+        gpu_hours = math.fsum(bill.values()) / 3600.0
         price = get_gpu(entry.gpu).price_per_hour_usd
         cost_models[entry.name] = {
             "gpu": entry.gpu,
-            "gpus": gpus,
+            "gpus": entry.tp * entry.replica_count,
             "usd_per_gpu_hour": price,
-            "gpu_hours": _r(gpus * hours, 4),
-            "usd": _r(gpus * hours * price, 2),
+            "gpu_hours": _r(gpu_hours, 4),
+            "usd": _r(gpu_hours * price, 2),
+            "gpu_hours_by_phase": {k: _r(v / 3600.0, 4) for k, v in bill.items()},
         }
     timeline = sim.timeline
+    n_replicas = len(drivers)
     replicas = []
     for i, (rid, driver, s) in enumerate(zip(sim.replica_ids, drivers, stats, strict=True)):
-        kv = [row[i] for row in timeline.kv_usage]
+        kv = [v for row in timeline.kv_usage if i < len(row) and (v := row[i]) is not None]
         queries = s.prefix_cache_queries + driver.retired_prefix_queries
         hits = s.prefix_cache_hits + driver.retired_prefix_hits
+        span = scaling.serving_s(rid, makespan)
         replicas.append(
             {
                 "id": rid,
                 "model": models[i],
-                "utilisation": _r(driver.busy_s / makespan, 4) if makespan > 0 else None,
+                "utilisation": _r(driver.busy_s / span, 4) if span > 0 else None,
+                "serving_s": _r(span, 3),
                 "steps": driver.steps,
                 "requests": served[i],
                 "preemptions": preempted[i],
@@ -400,6 +460,15 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
                 "downtime_s": _r(driver.downtime(makespan), 3),
             }
         )
+
+    def column(rows: list[list[float | None]], i: int) -> list[float | None]:
+        return [_r(row[i], 4) if i < len(row) else None for row in rows]
+
+    autoscale = {
+        m.name: section
+        for m in sim.fleet.models
+        if (section := scaling.report(m.name, makespan)) is not None
+    }
     return {
         "inputs": inputs,
         "fleet": [
@@ -410,6 +479,7 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
                 "tp": m.tp,
                 "replicas": m.replica_count,
                 "routing": m.routing.policy,
+                "autoscale": m.autoscale is not None,
             }
             for m in sim.fleet.models
         ],
@@ -422,19 +492,22 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
             "models": cost_models,
         },
         "replicas": replicas,
+        "autoscale": autoscale,
         "timeline": {
             "interval_s": timeline.interval,
             "t": [_r(t, 3) for t in timeline.t],
             "arrivals": timeline.arrivals,
             "in_flight": timeline.in_flight,
             "replicas": timeline.replicas,
+            "gpus": timeline.gpus,
+            "phases": timeline.phases,
             "kv_usage": {
-                rid: [_r(row[i], 4) for row in timeline.kv_usage]
-                for i, rid in enumerate(sim.replica_ids)
+                rid: column(timeline.kv_usage, i)
+                for i, rid in zip(range(n_replicas), sim.replica_ids, strict=True)
             },
             "busy": {
-                rid: [_r(row[i], 4) for row in timeline.busy]
-                for i, rid in enumerate(sim.replica_ids)
+                rid: column(timeline.busy, i)
+                for i, rid in zip(range(n_replicas), sim.replica_ids, strict=True)
             },
         },
         "routing": {

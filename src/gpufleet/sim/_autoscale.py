@@ -1,0 +1,496 @@
+"""Autoscaling in the simulator: the policy's own ``AutoscalePolicy``, a modelled runtime.
+
+The fleet simulator's twin of the gateway's autoscaling loop and the runtime's actuator. For
+every pool whose fleet-file entry has ``autoscale``, one :class:`~gpufleet.policy.AutoscalePolicy`
+(the very object the gateway uses) decides on the virtual clock::
+
+    tick (every interval) or wake (decision.next_at)
+      ─► PoolView: routing's view of the pool (scraped load, as stale as the router's;
+                   in-flight counts fresh), starting replicas, standbys, demand (arrivals/s)
+      ─► policy.decide(now, pool) ─► promote: standby ─(startup.promote)─► serving
+                                    cold_starts: new ─(provision + load)─► serving
+                                    prewarm_starts: new ─(provision + load)─► standby
+                                    drain: no new requests ─(in-flight 0)─► gone
+
+Every replica of every pool — static ones too — is an :class:`Instance` with the phases it
+went through, so the bill is one rule: a replica costs ``tp`` GPUs from the moment it is
+provisioned until it leaves (or the run ends), whatever it does meanwhile (provisioning,
+loading, standing by, serving, restarting after a crash, draining). docs/simulator.md.
+
+Simplifications: a drained replica leaves when its last request ends (no deadline: the
+simulator never cuts a request); scale to zero is not modelled (an autoscaled pool starts
+with at least one replica and the policy keeps ``min_replicas``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+from gpufleet.config import ModelConfig, StartupConfig
+from gpufleet.fleet import ReplicaId, ReplicaState, ReplicaView
+from gpufleet.policy import AutoscalePolicy, PoolView, ScaleDecision, ScaleDirection, Standby
+from gpufleet.sim._harness import FleetHarness
+from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
+from gpufleet.sim._policy import PolicyRouting
+
+SCALE_PRIORITY: Final = URGENT
+"""Replicas join and decisions run before the steps of their instant (like scrapes)."""
+MAX_LOGGED_EVENTS: Final = 5000
+"""Scale events kept in the report per pool (the counts are always complete)."""
+
+
+class Phase(StrEnum):
+    """Where a replica is in its life, as the bill and the plots count it."""
+
+    COLD = "cold"
+    """Cold start: provisioning the machine, then loading the model; no traffic."""
+    WARMING = "warming"
+    """A prewarm standby provisioning and loading."""
+    STANDBY = "standby"
+    """Initialised, not routed: joins in ``startup.promote`` seconds."""
+    PROMOTING = "promoting"
+    """A standby joining the routable pool."""
+    SERVING = "serving"
+    DRAINING = "draining"
+    """Takes no new request; leaves when its last one ends."""
+    GONE = "gone"
+
+
+STARTING_PHASES: Final = frozenset({Phase.COLD, Phase.PROMOTING})
+"""Replicas the policy counts as capacity to come (``ReplicaState.STARTING``)."""
+STANDBY_PHASES: Final = frozenset({Phase.WARMING, Phase.STANDBY})
+
+
+@dataclass(slots=True)
+class Instance:
+    """One replica (or standby) of a pool, from provisioning to leaving."""
+
+    id: ReplicaId
+    model: str
+    gpus: int
+    phase: Phase
+    provisioned_at: float
+    """Charged from here."""
+    via: str
+    """``initial`` (there at t = 0), ``cold`` (a cold start), ``promoted`` (a standby)."""
+    asked_at: float | None = None
+    """The decision that asked for it as capacity (cold start or promotion)."""
+    ready_since: float | None = None
+    """A standby: when its model finished loading."""
+    warm_at: float | None = None
+    """A standby: when its model finishes (or finished) loading."""
+    serving_at: float | None = None
+    gone_at: float | None = None
+    driver: int | None = None
+    history: list[tuple[float, Phase]] = field(default_factory=list)
+    """``(since, phase)`` in order: the bill by phase."""
+
+    def enter(self, now: float, phase: Phase) -> None:
+        self.phase = phase
+        self.history.append((now, phase))
+        if phase is Phase.GONE:
+            self.gone_at = now
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """A replica finished its cold start, warm-up or promotion (``phase`` it was in)."""
+
+    target: Autoscaling
+    instance: Instance
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Decide a pool again at its decision's ``next_at``."""
+
+    target: Autoscaling
+    model: str
+
+
+@dataclass(slots=True)
+class _Episode:
+    start: float
+    end: float | None = None
+
+
+@dataclass(slots=True)
+class PoolScaling:
+    """One autoscaled pool: its policy, its instances, what it decided and measured."""
+
+    model: str
+    policy: AutoscalePolicy
+    startup: StartupConfig
+    last_t: float = 0.0
+    last_arrivals: int = 0
+    decisions: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    scale_ups: int = 0
+    scale_downs: int = 0
+    promoted: int = 0
+    cold_starts: int = 0
+    prewarm_starts: int = 0
+    drained: int = 0
+    wake_at: float | None = None
+    over: list[_Episode] = field(default_factory=list)
+    """Stretches in which the stable window's load per ready replica was above target."""
+    last: ScaleDecision | None = None
+
+
+class Autoscaling:
+    """Every pool's replicas as instances, and the autoscaled pools' decisions.
+
+    ``new_driver(model)`` adds a replica of ``model`` to the harness and the simulation's
+    bookkeeping (driver list, per-replica samples, faults) and returns its driver index.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[ModelConfig],
+        harness: FleetHarness,
+        routing: PolicyRouting,
+        *,
+        new_driver: Callable[[str], int],
+        interval: float,
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"the autoscaling interval must be positive, got {interval}")
+        self._harness = harness
+        self._routing = routing
+        self._new_driver = new_driver
+        self.interval = interval
+        self.instances: list[Instance] = []
+        self._by_id: dict[ReplicaId, Instance] = {}
+        self._named: dict[str, int] = {}
+        self.pools: dict[str, PoolScaling] = {}
+        ids = routing.replica_ids
+        for entry in models:
+            members = routing.members(entry.name)
+            self._named[entry.name] = len(members)
+            for k in members:
+                inst = Instance(ids[k], entry.name, entry.tp, Phase.SERVING, 0.0, "initial")
+                inst.history.append((0.0, Phase.SERVING))
+                inst.serving_at, inst.driver = 0.0, k
+                self._track(inst)
+            if entry.autoscale is not None:
+                policy = AutoscalePolicy(entry.autoscale)
+                self.pools[entry.name] = PoolScaling(entry.name, policy, entry.startup)
+        self._gpus = {m.name: m.tp for m in models}
+
+    def _track(self, inst: Instance) -> None:
+        self.instances.append(inst)
+        self._by_id[inst.id] = inst
+
+    def start(self) -> None:
+        """Decide every ``interval`` while the trace lasts (after the routing's scrapes)."""
+        if self.pools:
+            self._harness.every(self.interval, self.tick)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        self._retire_drained(now)
+        for pool in self.pools.values():
+            self._decide(now, pool)
+
+    def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
+        match event:
+            case Joined(instance=inst, phase=phase):
+                if inst.phase is not phase:
+                    return []  # drained (cancelled) while starting
+                if phase is Phase.WARMING:
+                    inst.ready_since = now
+                    inst.enter(now, Phase.STANDBY)
+                else:
+                    self._serve(now, inst)
+                return []
+            case Wake(model=model):
+                pool = self.pools[model]
+                if pool.wake_at is not None and now >= pool.wake_at:
+                    pool.wake_at = None
+                    if self._harness.active:
+                        self._retire_drained(now)
+                        self._decide(now, pool)
+                return []
+        raise AssertionError(event)
+
+    def _decide(self, now: float, pool: PoolScaling) -> None:
+        arrivals = self._routing.arrivals(pool.model)
+        span = now - pool.last_t
+        demand = (arrivals - pool.last_arrivals) / span if span > 0 else 0.0
+        if span > 0:
+            pool.last_t, pool.last_arrivals = now, arrivals
+        view = self.pool_view(pool.model, demand)
+        decision = pool.policy.decide(now, view)
+        pool.decisions += 1
+        pool.last = decision
+        self._measure(now, pool, decision)
+        self._act(now, pool, decision)
+        nxt = decision.next_at
+        if nxt is not None and (now < nxt) and (pool.wake_at is None or nxt < pool.wake_at):
+            pool.wake_at = nxt
+            self._harness.kernel.schedule(nxt, SCALE_PRIORITY, Wake(self, pool.model))
+
+    def pool_view(self, model: str, demand: float) -> PoolView:
+        """The pool as the gateway's loop sees it: routing's view of each replica (state
+        after health, engine load as of the last scrape, in-flight count fresh), then the
+        replicas still starting, and the standbys."""
+        routing, drivers = self._routing, self._harness.drivers
+        view, ids = routing.view, routing.replica_ids
+        replicas: list[ReplicaView] = []
+        for k in routing.members(model):
+            seen = view.replica(ids[k])
+            if seen is None:  # pragma: no cover - members are always in the view
+                continue
+            load = dataclasses.replace(seen.load, in_flight=drivers[k].num_requests)
+            replicas.append(ReplicaView(seen.id, model, seen.state, load))
+        standbys: list[Standby] = []
+        for inst in self.instances:
+            if inst.model != model:
+                continue
+            if inst.phase in STARTING_PHASES:
+                replicas.append(ReplicaView(inst.id, model, ReplicaState.STARTING))
+            elif inst.phase in STANDBY_PHASES:
+                ready = inst.phase is Phase.STANDBY
+                since = inst.ready_since if ready and inst.ready_since is not None else 0.0
+                standbys.append(Standby(inst.id, ready, since if ready else inst.provisioned_at))
+        return PoolView(model, tuple(replicas), demand, tuple(standbys))
+
+    def _act(self, now: float, pool: PoolScaling, decision: ScaleDecision) -> None:
+        startup, events = pool.startup, []
+        for rid in decision.promote:
+            inst = self._by_id[rid]
+            inst.asked_at = now
+            inst.via = "promoted"
+            inst.enter(now, Phase.PROMOTING)
+            pool.promoted += 1
+            # A standby still warming finishes loading first, then joins.
+            warm = now if inst.warm_at is None else max(now, inst.warm_at)
+            events.append(self._join_at(warm + startup.promote, inst))
+        for _ in range(decision.cold_starts):
+            inst = self._provision(now, pool.model, Phase.COLD, "cold")
+            inst.asked_at = now
+            pool.cold_starts += 1
+            events.append(self._join_at(now + startup.cold, inst))
+        for _ in range(decision.prewarm_starts):
+            inst = self._provision(now, pool.model, Phase.WARMING, "standby")
+            inst.warm_at = now + startup.cold
+            pool.prewarm_starts += 1
+            events.append(self._join_at(now + startup.cold, inst))
+        for rid in decision.drain:
+            self._drain(now, self._by_id[rid])
+            pool.drained += 1
+        self._harness.kernel.schedule_all(events)
+        if decision.direction is not ScaleDirection.HOLD:
+            if decision.direction is ScaleDirection.UP:
+                pool.scale_ups += 1
+            else:
+                pool.scale_downs += 1
+            if len(pool.events) < MAX_LOGGED_EVENTS:
+                pool.events.append(_event_record(decision))
+
+    def _provision(self, now: float, model: str, phase: Phase, via: str) -> Instance:
+        n = self._named[model]
+        self._named[model] = n + 1
+        inst = Instance(ReplicaId(f"{model}-{n}"), model, self._gpus[model], phase, now, via)
+        inst.history.append((now, phase))
+        self._track(inst)
+        return inst
+
+    def _join_at(self, at: float, inst: Instance) -> ScheduledEvent:
+        return ScheduledEvent(at, SCALE_PRIORITY, Joined(self, inst, inst.phase))
+
+    def _serve(self, now: float, inst: Instance) -> None:
+        if not self._harness.active:  # the run is over: nothing to serve
+            inst.enter(now, Phase.GONE)
+            return
+        k = self._new_driver(inst.model)
+        joined = self._routing.add_replica(now, inst.model, inst.id)
+        assert joined == k, (joined, k)
+        inst.driver = k
+        inst.serving_at = now
+        inst.enter(now, Phase.SERVING)
+
+    def _drain(self, now: float, inst: Instance) -> None:
+        """Stop routing to ``inst``; it leaves when its in-flight requests are done. One
+        still starting is cancelled at once (it never served)."""
+        if inst.phase in STARTING_PHASES or inst.driver is None:
+            inst.enter(now, Phase.GONE)
+            return
+        self._routing.drain_replica(now, inst.driver)
+        inst.enter(now, Phase.DRAINING)
+        self._retire(now, inst)
+
+    def _retire_drained(self, now: float) -> None:
+        for inst in self.instances:
+            if inst.phase is Phase.DRAINING:
+                self._retire(now, inst)
+
+    def _retire(self, now: float, inst: Instance) -> None:
+        k = inst.driver
+        assert k is not None
+        if self._harness.drivers[k].num_requests:
+            return
+        drained_at = inst.history[-1][0]
+        left = max(drained_at, min(now, self._routing.last_end(k)))
+        self._routing.remove_replica(now, k)
+        inst.enter(left, Phase.GONE)
+
+    # -- measures ---------------------------------------------------------------------------
+
+    def _measure(self, now: float, pool: PoolScaling, decision: ScaleDecision) -> None:
+        """Over-target stretches: the stable window's load per ready replica above target."""
+        inputs = decision.inputs
+        target = pool.policy.config.target_utilisation
+        over = inputs.ready > 0 and inputs.stable_load / inputs.ready > target
+        open_ = pool.over[-1] if pool.over and pool.over[-1].end is None else None
+        if over and open_ is None:
+            pool.over.append(_Episode(now))
+        elif not over and open_ is not None:
+            open_.end = now
+
+    def counts(self, model: str) -> dict[str, int]:
+        """Replicas of ``model`` by what they do now (for the timeline)."""
+        out = {"serving": 0, "starting": 0, "standby": 0, "draining": 0}
+        for inst in self.instances:
+            if inst.model != model or inst.phase is Phase.GONE:
+                continue
+            if inst.phase is Phase.SERVING:
+                out["serving"] += 1
+            elif inst.phase in STARTING_PHASES:
+                out["starting"] += 1
+            elif inst.phase in STANDBY_PHASES:
+                out["standby"] += 1
+            else:
+                out["draining"] += 1
+        return out
+
+    def serving_s(self, replica: ReplicaId, end: float) -> float:
+        """Seconds ``replica`` was in the fleet taking or finishing requests, up to ``end``."""
+        inst = self._by_id.get(replica)
+        if inst is None or inst.serving_at is None:
+            return 0.0
+        left = end if inst.gone_at is None else min(inst.gone_at, end)
+        return max(0.0, left - inst.serving_at)
+
+    def charged_gpus(self) -> int:
+        return sum(i.gpus for i in self.instances if i.phase is not Phase.GONE)
+
+    def bill(self, model: str, end: float) -> dict[str, float]:
+        """GPU-seconds of ``model``'s replicas up to ``end``, by what they were doing."""
+        out = {"serving": 0.0, "starting": 0.0, "standby": 0.0, "draining": 0.0}
+        for inst in self.instances:
+            if inst.model != model:
+                continue
+            marks = [*inst.history, (math.inf, Phase.GONE)]
+            for (since, phase), (until, _) in itertools.pairwise(marks):
+                if phase is Phase.GONE:
+                    break
+                span = max(0.0, min(until, end) - min(since, end))
+                out[_BILL_KEY[phase]] += span * inst.gpus
+        return out
+
+    def report(self, model: str, end: float) -> dict[str, Any] | None:
+        """The ``autoscale`` section of one pool in report.json (``None``: not autoscaled)."""
+        pool = self.pools.get(model)
+        if pool is None:
+            return None
+        config = pool.policy.config
+        lags = sorted(
+            i.serving_at - i.asked_at
+            for i in self.instances
+            if i.model == model and i.serving_at is not None and i.asked_at is not None
+        )
+        by_via = {
+            via: sorted(
+                i.serving_at - i.asked_at
+                for i in self.instances
+                if i.model == model
+                and i.via == via
+                and i.serving_at is not None
+                and i.asked_at is not None
+            )
+            for via in ("promoted", "cold")
+        }
+        episodes = [(e.start, e.end if e.end is not None else end) for e in pool.over]
+        durations = sorted(max(0.0, b - a) for a, b in episodes)
+        return {
+            "config": config.model_dump(mode="json"),
+            "startup": pool.startup.model_dump(mode="json"),
+            "interval_s": self.interval,
+            "decisions": pool.decisions,
+            "scale_ups": pool.scale_ups,
+            "scale_downs": pool.scale_downs,
+            "promoted": pool.promoted,
+            "cold_starts": pool.cold_starts,
+            "prewarm_starts": pool.prewarm_starts,
+            "drained": pool.drained,
+            "lag": {
+                "decision_to_serving_s": _stats(lags),
+                "promoted_s": _stats(by_via["promoted"]),
+                "cold_s": _stats(by_via["cold"]),
+                "over_target": {
+                    "episodes": len(durations),
+                    "total_s": _r(math.fsum(durations)),
+                    **_stats(durations),
+                },
+            },
+            "events": pool.events,
+        }
+
+
+_BILL_KEY: Final = {
+    Phase.COLD: "starting",
+    Phase.WARMING: "standby",
+    Phase.STANDBY: "standby",
+    Phase.PROMOTING: "starting",
+    Phase.SERVING: "serving",
+    Phase.DRAINING: "draining",
+}
+
+
+def _event_record(d: ScaleDecision) -> dict[str, Any]:
+    i = d.inputs
+    return {
+        "at": _r(d.now),
+        "direction": d.direction.value,
+        "from": i.current,
+        "to": d.desired,
+        "bound_by": d.bound_by.value,
+        "reason": d.reason,
+        "ready": i.ready,
+        "utilisation": _r(i.utilisation, 4),
+        "stable_load": _r(i.stable_load, 4),
+        "panic": i.panic,
+        "demand": _r(i.demand, 4),
+        "forecast_demand": None if d.forecast is None else _r(d.forecast.demand, 4),
+        "forecast_replicas": d.forecast_replicas,
+        "promote": list(d.promote),
+        "cold_starts": d.cold_starts,
+        "drain": list(d.drain),
+    }
+
+
+def _stats(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Count, mean, p50, p99 (lower rank) and max of sorted ``values``."""
+    if not values:
+        return {"n": 0, "mean": None, "p50": None, "p99": None, "max": None}
+    n = len(values)
+    return {
+        "n": n,
+        "mean": _r(math.fsum(values) / n),
+        "p50": _r(values[math.floor(0.5 * (n - 1))]),
+        "p99": _r(values[math.floor(0.99 * (n - 1))]),
+        "max": _r(values[-1]),
+    }
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
