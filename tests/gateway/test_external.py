@@ -7,11 +7,8 @@ listens on (a dead endpoint).
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +16,7 @@ import httpx
 import openai
 
 from tests.gateway.conftest import MODEL, closed_port_url, sim_replica
+from tests.up_process import start_up, stop, wait_ready
 
 
 def _metric(base: str, name: str, **labels: str) -> float | None:
@@ -41,26 +39,12 @@ def test_external_endpoints_are_probed_routed_and_left_running(tmp_path: Path) -
             f"    health: {{active: {{interval: 0.2}}}}\n"
         )
         log = tmp_path / "up.out"
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "gpufleet", "up", "--fleet", str(fleet), "--port", "0",
-                 "--run-dir", str(tmp_path / "run")],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
+        process, base = start_up(fleet, log, run_dir=tmp_path / "run")
         try:
-            deadline = time.monotonic() + 30
-            while not (found := re.search(r"listening on (http://\S+)", log.read_text())):
-                assert process.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.05)
-            base = found.group(1)
             text = log.read_text()
             assert re.search(rf"replica {MODEL}-1\s+ready\s+{live}\s", text), text
             assert re.search(rf"replica {MODEL}-0\s+(starting|failed)\s", text), text
-            deadline = time.monotonic() + 10
-            while httpx.get(base + "/ready").status_code != 200:  # the first probes answered
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+            wait_ready(base)
             with openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0) as client:
                 for i in range(5):
                     reply = client.chat.completions.create(
@@ -83,8 +67,6 @@ def test_external_endpoints_are_probed_routed_and_left_running(tmp_path: Path) -
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=30) == 0, log.read_text()
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            stop(process)
         # nothing here stopped the endpoint someone else runs
         assert httpx.get(live + "/health").status_code == 200

@@ -5,17 +5,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli import app
+from tests.up_process import start_up, stop, wait_ready
 
 FLEET = """
 models:
@@ -38,37 +35,21 @@ def test_up_serves_the_fleet_and_stops_cleanly(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(FLEET)
     log = tmp_path / "up.out"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet", "up", "--fleet", str(fleet), "--port", "0",
-             "--run-dir", str(tmp_path / "run")],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+    process, base = start_up(fleet, log, run_dir=tmp_path / "run")
     try:
-        deadline = time.monotonic() + 30
-        while not (found := re.search(r"listening on (http://\S+)", log.read_text())):
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        base = found.group(1)
         text = log.read_text()
         pids = [int(p) for p in re.findall(r"pid (\d+)", text)]
         assert len(pids) == 2
         assert f"{base}/v1" in text
         assert f"{base}/metrics" in text
         with openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0) as client:
-            deadline = time.monotonic() + 10
-            while httpx.get(base + "/ready").status_code != 200:  # first probes answered
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+            wait_ready(base)
             reply = client.completions.create(model="llama-3.1-8b", prompt="Hello", max_tokens=3)
             assert reply.choices[0].text
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0, log.read_text()
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stop(process)
     assert all(_gone(pid) for pid in pids)
     assert "stopped" in log.read_text()
 

@@ -4,18 +4,16 @@ the ledger holds every request a client saw complete."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import httpx
 import openai
 
 from gpufleet.store import Store
+from tests.up_process import start_up, wait_ready
 
 FLEET = """
 models:
@@ -27,22 +25,10 @@ models:
 
 
 def _start(tmp: Path, env: dict[str, str], name: str) -> tuple[subprocess.Popen[bytes], str]:
-    log = tmp / f"{name}.out"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet", "up", "--auth", "--fleet", str(tmp / "fleet.yaml"),
-             "--port", "0", "--run-dir", str(tmp / name)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (found := re.search(r"listening on (http://\S+)", log.read_text())):
-        assert process.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
-    base = found.group(1)
-    while httpx.get(base + "/ready").status_code != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    process, base = start_up(
+        tmp / "fleet.yaml", tmp / f"{name}.out", "--auth", run_dir=tmp / name, env=env
+    )
+    wait_ready(base, timeout=30)
     return process, base
 
 

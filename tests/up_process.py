@@ -1,0 +1,54 @@
+"""``gpufleet up`` as a real child process, for the tests that need the whole command."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+
+def start_up(
+    fleet: Path,
+    log: Path,
+    *extra: str,
+    run_dir: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``gpufleet up --fleet FLEET --port 0 --run-dir RUN_DIR EXTRA…`` with its output in
+    ``log``; return the process and the gateway's base URL once it listens."""
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", "up", "--fleet", str(fleet), "--port", "0",
+             "--run-dir", str(run_dir), *extra],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**(env if env is not None else os.environ), "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while not (found := re.search(r"listening on (http://\S+)", log.read_text())):
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            raise AssertionError(f"gpufleet up did not start:\n{log.read_text()}")
+        time.sleep(0.05)
+    return process, found.group(1)
+
+
+def wait_ready(base: str, timeout: float = 10.0) -> None:
+    """Until the gateway's ``/ready`` answers 200 (its first health probes answered)."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(base + "/ready").status_code != 200:
+        assert time.monotonic() < deadline, f"{base}/ready is not 200 after {timeout:g} s"
+        time.sleep(0.05)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Kill the process if it still runs (a test's ``finally``)."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
