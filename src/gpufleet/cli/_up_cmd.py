@@ -24,7 +24,7 @@ from typing import Annotated, Protocol
 
 import typer
 import uvicorn
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from gpufleet.cli._errors import user_errors
 from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, RuntimeKind, load_fleet
@@ -53,6 +53,7 @@ from gpufleet.runtime.kubernetes import (
     ApiConfig,
     KubeApi,
     KubernetesRuntime,
+    LeaderElection,
     OperatorSettings,
     cluster_pools,
     in_cluster_namespace,
@@ -326,35 +327,57 @@ async def _serve_in_cluster(
         f"(operator mode, API server {api_config.server})"
     )
     registry = CollectorRegistry()
-    async with (
-        KubeApi(api_config) as api,
-        KubernetesRuntime(api, namespace, cluster_pools(pools), settings=operator) as runtime,
-    ):
-        try:
-            async with asyncio.timeout(DISCOVERY_TIMEOUT_S):
-                await runtime.watch.synced.wait()
-        except TimeoutError:
-            typer.echo(f"warning: no EndpointSlice list after {DISCOVERY_TIMEOUT_S:g} s")
-        for replica in runtime.snapshot.replicas:
-            typer.echo(f"  replica {replica.name:<40} {replica.state.value:<9} {replica.url}")
-        for line in spare_warnings(config, runtime.snapshot):
-            typer.echo(line)
-        scaled = any(m.autoscale is not None for m in config.models)
-        app = create_gateway(
-            config,
-            RuntimeReplicas(runtime),
-            registry,
-            actuator=ClusterActuator(runtime) if scaled else None,
-            tenancy=open_tenancy(config),
-        )
-        # uvicorn handles SIGINT/SIGTERM while it serves and raises the signal again once it
-        # has shut down: absorb that one, so the block ends normally (pods keep running)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, lambda: None)
-        try:
-            await _serve_gateway(config, app, sock)
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+    scaled = any(m.autoscale is not None for m in config.models)
+    async with KubeApi(api_config) as api:
+        # several gateway replicas (with Redis): only the holder of the Lease scales
+        leader = LeaderElection(api, namespace) if scaled else None
+        if leader is not None:
+            typer.echo(f"  leader election: lease {leader.settings.name} as {leader.identity}")
+        async with KubernetesRuntime(
+            api, namespace, cluster_pools(pools), settings=operator, leader=leader
+        ) as runtime:
+            leading = Gauge(
+                "gpufleet:operator_leader",
+                "1 while this gateway replica holds the Lease: its autoscaler acts.",
+                registry=registry,
+            )
+            leading.set_function(lambda: 1.0 if runtime.leading else 0.0)
+            await _serve_operator(config, runtime, registry, sock, scaled=scaled)
     typer.echo("stopped")
+
+
+async def _serve_operator(
+    config: FleetConfig,
+    runtime: KubernetesRuntime,
+    registry: CollectorRegistry,
+    sock: socket.socket,
+    *,
+    scaled: bool,
+) -> None:
+    """The gateway in front of the discovered pods, until uvicorn is told to stop."""
+    try:
+        async with asyncio.timeout(DISCOVERY_TIMEOUT_S):
+            await runtime.watch.synced.wait()
+    except TimeoutError:
+        typer.echo(f"warning: no EndpointSlice list after {DISCOVERY_TIMEOUT_S:g} s")
+    for replica in runtime.snapshot.replicas:
+        typer.echo(f"  replica {replica.name:<40} {replica.state.value:<9} {replica.url}")
+    for line in spare_warnings(config, runtime.snapshot):
+        typer.echo(line)
+    app = create_gateway(
+        config,
+        RuntimeReplicas(runtime),
+        registry,
+        actuator=ClusterActuator(runtime) if scaled else None,
+        tenancy=open_tenancy(config),
+    )
+    # uvicorn handles SIGINT/SIGTERM while it serves and raises the signal again once it
+    # has shut down: absorb that one, so the block ends normally (pods keep running)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: None)
+    try:
+        await _serve_gateway(config, app, sock)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -249,6 +249,13 @@ def test_gateway_role_has_exactly_the_rights_it_needs(gpu_fleet: ClusterFleet) -
             "resourceNames": ["llama-3-1-70b", "qwen2-5-7b", "llama-3-1-8b"],
             "verbs": ["get", "patch"],
         },
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [GATEWAY],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
     ]
     binding = _find(render(gpu_fleet), "RoleBinding", GATEWAY)
     assert binding["roleRef"]["name"] == GATEWAY

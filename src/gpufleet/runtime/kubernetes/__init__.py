@@ -9,6 +9,7 @@ Operator mode (``runtime: kubernetes``): :class:`KubernetesRuntime` finds each p
 pods through an EndpointSlice watch and publishes them as the local runtime does; its
 ``scale(pool, count, remove)`` drains the chosen pods, marks them with the pod-deletion cost
 and patches the pool Deployment's scale (a pure plan, ``plan_pool``, decides each step).
+With several gateway replicas, :class:`LeaderElection` on a Lease picks the one that scales.
 """
 
 from gpufleet.runtime.kubernetes._api import (
@@ -25,6 +26,12 @@ from gpufleet.runtime.kubernetes._gpus import (
     GPU_PRODUCTS,
     GPU_RESOURCE,
     gpu_product,
+)
+from gpufleet.runtime.kubernetes._leader import (
+    NOTE_ANNOTATION,
+    LeaderElection,
+    LeaseSettings,
+    default_identity,
 )
 from gpufleet.runtime.kubernetes._operator import (
     ClusterPool,
@@ -68,6 +75,7 @@ __all__ = [
     "GPU_PRODUCTS",
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
+    "NOTE_ANNOTATION",
     "PORT",
     "VLLM_IMAGE",
     "VLLM_TAG",
@@ -79,6 +87,8 @@ __all__ = [
     "KubeApi",
     "KubeApiError",
     "KubernetesRuntime",
+    "LeaderElection",
+    "LeaseSettings",
     "Manifest",
     "Mark",
     "Observed",
@@ -89,6 +99,7 @@ __all__ = [
     "PoolPlan",
     "SliceWatch",
     "cluster_pools",
+    "default_identity",
     "gpu_product",
     "in_cluster_namespace",
     "manifest_files",

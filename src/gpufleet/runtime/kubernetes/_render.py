@@ -198,14 +198,23 @@ def _gateway(ctx: _Context, fleet: ClusterFleet, deployments: Sequence[str]) -> 
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
     ]
     if deployments:  # resourceNames: the scale of its own pools, and no other Deployment's
-        rules.append(
+        rules += [
             {
                 "apiGroups": ["apps"],
                 "resources": ["deployments/scale"],
                 "resourceNames": list(deployments),
                 "verbs": ["get", "patch"],
-            }
-        )
+            },
+            # leader election among the gateway replicas (only the leader scales): read and
+            # renew its own Lease; create cannot be limited to a name (RBAC knows no name yet)
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [GATEWAY],
+                "verbs": ["get", "update"],
+            },
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        ]
     fleet_hash = hashlib.sha256(fleet.fleet_yaml.encode()).hexdigest()
     container = {
         "name": "gateway",
