@@ -315,6 +315,7 @@ async def _serve_in_cluster(
 ) -> None:
     """Operator mode: the pools' pods, found and scaled through the Kubernetes API."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
+    logging.getLogger("gpufleet.autoscale").setLevel(logging.INFO)  # each acting decision
     settings = config.runtime
     api_config = ApiConfig(settings.api_server) if settings.api_server else ApiConfig.in_cluster()
     namespace = settings.namespace or in_cluster_namespace() or "default"
