@@ -24,7 +24,7 @@ from typing import Annotated, Protocol
 
 import typer
 import uvicorn
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._errors import user_errors
 from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, RuntimeKind, load_fleet
@@ -56,6 +56,7 @@ from gpufleet.runtime.kubernetes import (
     LeaderElection,
     OperatorSettings,
     cluster_pools,
+    export_leadership,
     in_cluster_namespace,
 )
 from gpufleet.store import Store
@@ -337,12 +338,7 @@ async def _serve_in_cluster(
         async with KubernetesRuntime(
             api, namespace, cluster_pools(pools), settings=operator, leader=leader
         ) as runtime:
-            leading = Gauge(
-                "gpufleet:operator_leader",
-                "1 while this gateway replica holds the Lease: its autoscaler acts.",
-                registry=registry,
-            )
-            leading.set_function(lambda: 1.0 if runtime.leading else 0.0)
+            export_leadership(runtime, registry)
             await _serve_operator(config, runtime, registry, sock, scaled=scaled)
     typer.echo("stopped")
 

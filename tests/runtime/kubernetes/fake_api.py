@@ -72,6 +72,8 @@ class FakeKubeApi:
     faults: list[Fault] = field(default_factory=list)
     leases: dict[str, JSON] = field(default_factory=dict)
     lease_rv: int = 1000
+    conflicts: int = 0
+    """Lease updates refused with 409 because another write came first."""
     """Lease versions: counted apart, so that slice versions stay what tests expect."""
     generation: int = 0
     closing: bool = False
@@ -278,6 +280,7 @@ class FakeKubeApi:
         body = self.calls[-1].body or {}
         sent = body.get("metadata", {}).get("resourceVersion")
         if sent != self.leases[name]["metadata"]["resourceVersion"]:
+            self.conflicts += 1
             return _status(
                 409,
                 f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": the '

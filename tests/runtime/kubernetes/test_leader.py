@@ -131,7 +131,7 @@ async def test_two_candidates_that_both_see_an_expired_lease_cannot_both_win() -
         assert not await a.try_once()
         assert not await b.try_once()
         clock.now += 5.0  # expired for both
-        for _ in range(10):  # both read version v and update "v": one update must fail
+        for _ in range(5):  # both read version v and update "v": one update must fail
             won = await asyncio.gather(a.try_once(), b.try_once())
             assert sorted(won) == [False, True], won
             winner, loser = (a, b) if won[0] else (b, a)
@@ -147,8 +147,7 @@ async def test_two_candidates_that_both_see_an_expired_lease_cannot_both_win() -
             assert not await loser.try_once()
             assert not await winner.try_once()
             clock.now += 5.0
-    conflicts = [c for c in fake.calls_to("PUT", LEASE_PATH) if c.body is not None]
-    assert len(conflicts) >= 20
+    assert fake.conflicts >= 1  # the race did happen: an update lost to the other's
 
 
 async def test_a_conflict_or_a_failed_create_means_not_leading() -> None:

@@ -70,10 +70,11 @@ async def operator(
     settings: OperatorSettings = FAST,
     *,
     identity: str | None = None,
+    lease: LeaseSettings = LEASE,
 ) -> AsyncIterator[KubernetesRuntime]:
     """An operator; with an ``identity``, one of several gateway replicas (leader election)."""
     async with KubeApi(ApiConfig(url), timeout_s=2.0) as api:
-        leader = None if identity is None else LeaderElection(api, NS, identity, LEASE)
+        leader = None if identity is None else LeaderElection(api, NS, identity, lease)
         async with KubernetesRuntime(
             api,
             NS,
@@ -351,13 +352,17 @@ async def test_a_leader_that_loses_the_lease_stops_draining_and_its_victim_serve
         fake.set_pod(SVC, pod)
     busy = Busy()
     busy.count["pod-b"] = 1  # the drain cannot end
-    async with serving(fake) as url, operator(fake, url, busy, identity="gw-1") as runtime:
+    short = LeaseSettings(lease_duration_s=1.0, renew_deadline_s=0.5, retry_period_s=0.05)
+    async with (
+        serving(fake) as url,
+        operator(fake, url, busy, identity="gw-1", lease=short) as runtime,
+    ):
         await eventually(lambda: runtime.leading)
         runtime.scale(POOL, 1, remove=("pod-b",))
         await until(runtime, lambda s: states(s)["pod-b"] is ReplicaState.DRAINING)
         fake.fail("GET", "/leases", 500, times=1000)  # the API server fails its renewals
         fake.fail("PUT", "/leases", 500, times=1000)
-        await eventually(lambda: not runtime.leading)  # after its 2 s renew deadline
+        await eventually(lambda: not runtime.leading)  # after its 0.5 s renew deadline
         await until(runtime, fleet(**{"pod-a": ReplicaState.READY, "pod-b": ReplicaState.READY}))
         await asyncio.sleep(0.1)
     assert fake.calls_to("PATCH", "") == []

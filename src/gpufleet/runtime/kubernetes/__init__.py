@@ -10,6 +10,7 @@ pods through an EndpointSlice watch and publishes them as the local runtime does
 ``scale(pool, count, remove)`` drains the chosen pods, marks them with the pod-deletion cost
 and patches the pool Deployment's scale (a pure plan, ``plan_pool``, decides each step).
 With several gateway replicas, :class:`LeaderElection` on a Lease picks the one that scales.
+``dashboard()`` is the Grafana dashboard of the gateway, its autoscaler and the engines.
 """
 
 from gpufleet.runtime.kubernetes._api import (
@@ -17,6 +18,12 @@ from gpufleet.runtime.kubernetes._api import (
     KubeApi,
     KubeApiError,
     in_cluster_namespace,
+)
+from gpufleet.runtime.kubernetes._dashboard import (
+    DASHBOARD_FILE,
+    DASHBOARD_UID,
+    dashboard,
+    dashboard_json,
 )
 from gpufleet.runtime.kubernetes._discovery import SliceWatch
 from gpufleet.runtime.kubernetes._endpoints import PodEndpoint, PodState, pod_endpoints
@@ -34,15 +41,19 @@ from gpufleet.runtime.kubernetes._leader import (
     default_identity,
 )
 from gpufleet.runtime.kubernetes._operator import (
+    LEADER_METRIC,
     ClusterPool,
     KubernetesRuntime,
     OperatorSettings,
     cluster_pools,
+    export_leadership,
 )
 from gpufleet.runtime.kubernetes._render import (
+    DASHBOARDS,
     FLEET_KEY,
     GATEWAY,
     GATEWAY_IMAGE,
+    GRAFANA_LABEL,
     PORT,
     VLLM_IMAGE,
     VLLM_TAG,
@@ -67,6 +78,9 @@ from gpufleet.runtime.kubernetes._scaling import (
 )
 
 __all__ = [
+    "DASHBOARDS",
+    "DASHBOARD_FILE",
+    "DASHBOARD_UID",
     "DELETION_COST",
     "DELETION_COST_ANNOTATION",
     "FLEET_KEY",
@@ -75,6 +89,8 @@ __all__ = [
     "GPU_PRODUCTS",
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
+    "GRAFANA_LABEL",
+    "LEADER_METRIC",
     "NOTE_ANNOTATION",
     "PORT",
     "VLLM_IMAGE",
@@ -99,7 +115,10 @@ __all__ = [
     "PoolPlan",
     "SliceWatch",
     "cluster_pools",
+    "dashboard",
+    "dashboard_json",
     "default_identity",
+    "export_leadership",
     "gpu_product",
     "in_cluster_namespace",
     "manifest_files",

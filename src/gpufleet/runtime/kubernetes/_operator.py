@@ -33,6 +33,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Final, Self
 
 import httpx
+from prometheus_client import CollectorRegistry, Gauge
 
 from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.runtime._local import in_flight
@@ -439,6 +440,19 @@ class KubernetesRuntime:
                 logger.exception("runtime listener %r failed", listener)
         published, self._published = self._published, asyncio.Event()
         published.set()
+
+
+LEADER_METRIC: Final = "gpufleet:operator_leader"
+
+
+def export_leadership(runtime: KubernetesRuntime, registry: CollectorRegistry) -> None:
+    """``gpufleet:operator_leader``: 1 on the gateway replica whose autoscaler acts."""
+    gauge = Gauge(
+        LEADER_METRIC,
+        "1 while this gateway replica holds the Lease (or needs none): its autoscaler acts.",
+        registry=registry,
+    )
+    gauge.set_function(lambda: 1.0 if runtime.leading else 0.0)
 
 
 def _status(spec: PoolSpec, name: ReplicaId, url: str, pod: PodState) -> ReplicaStatus:
