@@ -21,13 +21,15 @@ from gpufleet.runtime.kubernetes import (
     GATEWAY_IMAGE,
     VLLM_TAG,
     ClusterFleet,
+    dashboard_json,
     manifest_files,
     notes,
     render,
 )
 
 app = typer.Typer(
-    help="Render the fleet for a cluster manager (writes files; talks to no cluster).",
+    help="Render the fleet for a cluster manager, and its Grafana dashboard (writes files; "
+    "talks to no cluster).",
     no_args_is_help=True,
 )
 
@@ -65,6 +67,13 @@ def k8s(
     servicemonitor: Annotated[
         bool, typer.Option(help="Also write Prometheus Operator ServiceMonitors.")
     ] = False,
+    grafana: Annotated[
+        bool,
+        typer.Option(
+            help="Also write the Grafana dashboard as a ConfigMap for Grafana's sidecar "
+            '(label grafana_dashboard: "1").'
+        ),
+    ] = False,
 ) -> None:
     """Write Kubernetes manifests for a fleet file: one YAML file per object into --out.
 
@@ -86,6 +95,7 @@ def k8s(
             image_tag,
             gateway_image=gateway_image,
             service_monitor=servicemonitor,
+            grafana=grafana,
         )
         files = manifest_files(objects)
         try:
@@ -105,3 +115,26 @@ def k8s(
             f"warning: {out} also holds {len(stale)} other YAML file(s) that "
             f"`kubectl apply -f {out}` would apply too: {', '.join(stale)}"
         )
+
+
+@app.command("grafana")
+def grafana_dashboard(
+    out: Annotated[
+        Path, typer.Option(help="File to write the dashboard JSON to (- for stdout).")
+    ] = Path("-"),
+) -> None:
+    """Write the Grafana dashboard (gateway, autoscaler, engines) for import into any Grafana
+    fed by Prometheus; the same as deploy/grafana/gpufleet.json.
+
+    Example: gpufleet deploy grafana --out gpufleet.json
+    """
+    text = dashboard_json()
+    if str(out) == "-":
+        typer.echo(text, nl=False)
+        return
+    with user_errors():
+        try:
+            out.write_text(text)
+        except OSError as error:
+            raise ValueError(f"{out}: cannot write: {error.strerror or error}") from None
+    typer.echo(f"wrote the dashboard to {out} (import it in Grafana: Dashboards > Import)")

@@ -52,8 +52,10 @@ from gpufleet.runtime.kubernetes import (
     ApiConfig,
     KubeApi,
     KubernetesRuntime,
+    LeaderElection,
     OperatorSettings,
     cluster_pools,
+    export_leadership,
     in_cluster_namespace,
 )
 from gpufleet.store import Store
@@ -311,6 +313,7 @@ async def _serve_in_cluster(
 ) -> None:
     """Operator mode: the pools' pods, found and scaled through the Kubernetes API."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
+    logging.getLogger("gpufleet.autoscale").setLevel(logging.INFO)  # each acting decision
     settings = config.runtime
     api_config = ApiConfig(settings.api_server) if settings.api_server else ApiConfig.in_cluster()
     namespace = settings.namespace or in_cluster_namespace() or "default"
@@ -323,35 +326,52 @@ async def _serve_in_cluster(
         f"(operator mode, API server {api_config.server})"
     )
     registry = CollectorRegistry()
-    async with (
-        KubeApi(api_config) as api,
-        KubernetesRuntime(api, namespace, cluster_pools(pools), settings=operator) as runtime,
-    ):
-        try:
-            async with asyncio.timeout(DISCOVERY_TIMEOUT_S):
-                await runtime.watch.synced.wait()
-        except TimeoutError:
-            typer.echo(f"warning: no EndpointSlice list after {DISCOVERY_TIMEOUT_S:g} s")
-        for replica in runtime.snapshot.replicas:
-            typer.echo(f"  replica {replica.name:<40} {replica.state.value:<9} {replica.url}")
-        for line in spare_warnings(config, runtime.snapshot):
-            typer.echo(line)
-        scaled = any(m.autoscale is not None for m in config.models)
-        app = create_gateway(
-            config,
-            RuntimeReplicas(runtime),
-            registry,
-            actuator=ClusterActuator(runtime) if scaled else None,
-            tenancy=open_tenancy(config),
-        )
-        # the server handles SIGINT/SIGTERM while it serves and raises the signal again once it
-        # has shut down: absorb that one, so the block ends normally (pods keep running)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, lambda: None)
-        try:
-            await _serve_gateway(config, app, sock)
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+    scaled = any(m.autoscale is not None for m in config.models)
+    async with KubeApi(api_config) as api:
+        # several gateway replicas (with Redis): only the holder of the Lease scales
+        leader = LeaderElection(api, namespace) if scaled else None
+        if leader is not None:
+            typer.echo(f"  leader election: lease {leader.settings.name} as {leader.identity}")
+        async with KubernetesRuntime(
+            api, namespace, cluster_pools(pools), settings=operator, leader=leader
+        ) as runtime:
+            export_leadership(runtime, registry)
+            await _serve_operator(config, runtime, registry, sock, scaled=scaled)
     typer.echo("stopped")
+
+
+async def _serve_operator(
+    config: FleetConfig,
+    runtime: KubernetesRuntime,
+    registry: CollectorRegistry,
+    sock: socket.socket,
+    *,
+    scaled: bool,
+) -> None:
+    """The gateway in front of the discovered pods, until its server is told to stop."""
+    try:
+        async with asyncio.timeout(DISCOVERY_TIMEOUT_S):
+            await runtime.watch.synced.wait()
+    except TimeoutError:
+        typer.echo(f"warning: no EndpointSlice list after {DISCOVERY_TIMEOUT_S:g} s")
+    for replica in runtime.snapshot.replicas:
+        typer.echo(f"  replica {replica.name:<40} {replica.state.value:<9} {replica.url}")
+    for line in spare_warnings(config, runtime.snapshot):
+        typer.echo(line)
+    app = create_gateway(
+        config,
+        RuntimeReplicas(runtime),
+        registry,
+        actuator=ClusterActuator(runtime) if scaled else None,
+        tenancy=open_tenancy(config),
+    )
+    # the server handles SIGINT/SIGTERM while it serves and raises the signal again once
+    # it has shut down: absorb that one, so the block ends normally (pods keep running)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: None)
+    try:
+        await _serve_gateway(config, app, sock)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -8,7 +8,10 @@ few paths operator mode calls, with the semantics that matter to it:
   ``resourceVersion``; a version older than the last compaction gets ``410 Gone`` (as an
   ``ERROR`` event, as the API server sends it, or as an HTTP status);
 * ``GET/PATCH /apis/apps/v1/namespaces/NS/deployments/NAME/scale`` (merge patch);
-* ``PATCH /api/v1/namespaces/NS/pods/NAME`` (merge patch of annotations).
+* ``PATCH /api/v1/namespaces/NS/pods/NAME`` (merge patch of annotations);
+* ``GET/PUT /apis/coordination.k8s.io/v1/namespaces/NS/leases/NAME`` and ``POST .../leases``:
+  a Lease with its own ``resourceVersion``; a PUT naming another version gets ``409 Conflict``
+  and a POST of a lease that exists ``409 AlreadyExists``, as optimistic concurrency does.
 
 Tests change the cluster with ``set_pod``/``remove_pod``, inject failures with ``fail``,
 compact history with ``compact``, cut open watches with ``drop_watches``, and read every
@@ -67,6 +70,11 @@ class FakeKubeApi:
     pod_annotations: dict[str, dict[str, str]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    leases: dict[str, JSON] = field(default_factory=dict)
+    lease_rv: int = 1000
+    conflicts: int = 0
+    """Lease updates refused with 409 because another write came first."""
+    """Lease versions: counted apart, so that slice versions stay what tests expect."""
     generation: int = 0
     closing: bool = False
     _pods: dict[str, dict[str, JSON]] = field(default_factory=dict)
@@ -151,6 +159,8 @@ class FakeKubeApi:
                     methods=["GET", "PATCH"],
                 ),
                 Route(f"/api/v1{ns}/pods/{{name}}", self._pod_route, methods=["PATCH"]),
+                Route(f"{LEASES}{ns}/leases", self._leases_route, methods=["POST"]),
+                Route(f"{LEASES}{ns}/leases/{{name}}", self._lease_route, methods=["GET", "PUT"]),
             ]
         )
 
@@ -249,6 +259,49 @@ class FakeKubeApi:
         annotations = body.get("metadata", {}).get("annotations", {})
         self.pod_annotations.setdefault(name, {}).update(annotations)
         return JSONResponse({"kind": "Pod", "metadata": {"name": name}})
+
+    async def _leases_route(self, request: Request) -> Response:
+        if (failed := await self._record(request)) is not None:
+            return failed
+        body = self.calls[-1].body or {}
+        name = body["metadata"]["name"]
+        if name in self.leases:
+            return _status(409, f'leases.coordination.k8s.io "{name}" already exists')
+        return JSONResponse(self._store_lease(name, body), status_code=201)
+
+    async def _lease_route(self, request: Request) -> Response:
+        if (failed := await self._record(request)) is not None:
+            return failed
+        name = request.path_params["name"]
+        if name not in self.leases:
+            return _status(404, f'leases.coordination.k8s.io "{name}" not found')
+        if request.method == "GET":
+            return JSONResponse(self.leases[name])
+        body = self.calls[-1].body or {}
+        sent = body.get("metadata", {}).get("resourceVersion")
+        if sent != self.leases[name]["metadata"]["resourceVersion"]:
+            self.conflicts += 1
+            return _status(
+                409,
+                f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": the '
+                "object has been modified; please apply your changes to the latest version",
+            )
+        return JSONResponse(self._store_lease(name, body))
+
+    def _store_lease(self, name: str, body: JSON) -> JSON:
+        self.lease_rv += 1
+        meta = {**body.get("metadata", {}), "name": name, "namespace": self.namespace}
+        meta["resourceVersion"] = str(self.lease_rv)
+        self.leases[name] = {**body, "metadata": meta}
+        return self.leases[name]
+
+    def holder(self, name: str = "gpufleet-gateway") -> str | None:
+        """The lease's holder now (``None``: no lease, or released)."""
+        lease = self.leases.get(name)
+        return (lease["spec"].get("holderIdentity") or None) if lease else None
+
+
+LEASES = "/apis/coordination.k8s.io/v1"
 
 
 def _services(selector: str) -> set[str]:

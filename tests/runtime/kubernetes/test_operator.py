@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 
@@ -25,6 +25,8 @@ from gpufleet.runtime.kubernetes import (
     ClusterFleet,
     KubeApi,
     KubernetesRuntime,
+    LeaderElection,
+    LeaseSettings,
     OperatorSettings,
     cluster_pools,
     render,
@@ -57,17 +59,31 @@ class Busy:
         return self.count.get(pod, 0)
 
 
+LEASE = LeaseSettings(lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.05)
+
+
 @asynccontextmanager
 async def operator(
-    fake: FakeKubeApi, url: str, busy: Busy | None = None, settings: OperatorSettings = FAST
+    fake: FakeKubeApi,
+    url: str,
+    busy: Busy | None = None,
+    settings: OperatorSettings = FAST,
+    *,
+    identity: str | None = None,
+    lease: LeaseSettings = LEASE,
 ) -> AsyncIterator[KubernetesRuntime]:
-    async with (
-        KubeApi(ApiConfig(url), timeout_s=2.0) as api,
-        KubernetesRuntime(
-            api, NS, cluster_pools(POOLS), settings=settings, in_flight=busy or Busy()
-        ) as runtime,
-    ):
-        yield runtime
+    """An operator; with an ``identity``, one of several gateway replicas (leader election)."""
+    async with KubeApi(ApiConfig(url), timeout_s=2.0) as api:
+        leader = None if identity is None else LeaderElection(api, NS, identity, lease)
+        async with KubernetesRuntime(
+            api,
+            NS,
+            cluster_pools(POOLS),
+            settings=settings,
+            in_flight=busy or Busy(),
+            leader=leader,
+        ) as runtime:
+            yield runtime
 
 
 async def until(
@@ -77,8 +93,8 @@ async def until(
         return await runtime.wait_for(predicate)
 
 
-async def eventually(check: Callable[[], bool]) -> None:
-    async with asyncio.timeout(5):
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
         while not check():
             await asyncio.sleep(0.01)
 
@@ -284,23 +300,94 @@ async def test_an_unreachable_api_server_leaves_the_last_replicas_serving(
             await until(runtime, lambda s: len(s.ready(POOL)) == 2)
 
 
+async def test_only_the_lease_holder_scales_and_the_others_keep_its_victims_out(
+    fake: FakeKubeApi,
+) -> None:
+    for pod in ("pod-a", "pod-b"):
+        fake.set_pod(SVC, pod)
+    busy = Busy()
+    busy.count["pod-b"] = 1
+    async with serving(fake) as url:
+        leaving = AsyncExitStack()  # the first gateway replica, shut down half-way
+        leader = await leaving.enter_async_context(operator(fake, url, busy, identity="gw-1"))
+        try:
+            await eventually(lambda: leader.leading)
+            async with operator(fake, url, busy, identity="gw-2") as follower:
+                await until(follower, lambda s: len(s.ready(POOL)) == 2)
+                assert not follower.leading
+                follower.scale(POOL, 3)  # a follower's autoscaler decides, but nothing acts
+                await asyncio.sleep(0.2)
+                assert fake.calls_to("PATCH", "") == []
+                leader.scale(POOL, 1, remove=("pod-b",))
+                await until(leader, lambda s: states(s)["pod-b"] is ReplicaState.DRAINING)
+                # the follower stops routing to the leader's victim too (its note on the Lease)
+                await until(follower, lambda s: states(s)["pod-b"] is ReplicaState.DRAINING)
+                busy.count["pod-b"] = 0
+                await eventually(lambda: fake.scales[SVC] == 1)
+                fake.remove_pod(SVC, "pod-b")  # the ReplicaSet removes the marked pod
+                await until(follower, fleet(**{"pod-a": ReplicaState.READY}))
+                # the leader shuts down and releases the lease: the follower acts at once
+                await leaving.aclose()
+                await eventually(lambda: follower.leading, timeout=1.0)  # lease: 3 s
+                follower.scale(POOL, 2)
+                await eventually(lambda: fake.scales[SVC] == 2)
+        finally:
+            await leaving.aclose()
+    patches = [(c.path, c.body) for c in fake.calls if c.method == "PATCH"]
+    assert patches == [
+        (
+            f"/api/v1/namespaces/{NS}/pods/pod-b",
+            {"metadata": {"annotations": {DELETION_COST_ANNOTATION: DELETION_COST}}},
+        ),
+        (SCALE_PATH, {"spec": {"replicas": 1}}),
+        (SCALE_PATH, {"spec": {"replicas": 2}}),
+    ]
+    assert fake.holder() is None  # both released it on the way out
+
+
+async def test_a_leader_that_loses_the_lease_stops_draining_and_its_victim_serves_again(
+    fake: FakeKubeApi,
+) -> None:
+    for pod in ("pod-a", "pod-b"):
+        fake.set_pod(SVC, pod)
+    busy = Busy()
+    busy.count["pod-b"] = 1  # the drain cannot end
+    short = LeaseSettings(lease_duration_s=1.0, renew_deadline_s=0.5, retry_period_s=0.05)
+    async with (
+        serving(fake) as url,
+        operator(fake, url, busy, identity="gw-1", lease=short) as runtime,
+    ):
+        await eventually(lambda: runtime.leading)
+        runtime.scale(POOL, 1, remove=("pod-b",))
+        await until(runtime, lambda s: states(s)["pod-b"] is ReplicaState.DRAINING)
+        fake.fail("GET", "/leases", 500, times=1000)  # the API server fails its renewals
+        fake.fail("PUT", "/leases", 500, times=1000)
+        await eventually(lambda: not runtime.leading)  # after its 0.5 s renew deadline
+        await until(runtime, fleet(**{"pod-a": ReplicaState.READY, "pod-b": ReplicaState.READY}))
+        await asyncio.sleep(0.1)
+    assert fake.calls_to("PATCH", "") == []
+    assert fake.scales[SVC] == 2
+
+
 async def test_every_call_the_operator_makes_is_allowed_by_the_rendered_role(
     fake: FakeKubeApi,
 ) -> None:
     for pod in ("pod-a", "pod-b"):
         fake.set_pod(SVC, pod)
-    async with serving(fake) as url, operator(fake, url) as runtime:
+    async with serving(fake) as url, operator(fake, url, identity="gw-1") as runtime:
+        await eventually(lambda: runtime.leading)
         await until(runtime, lambda s: len(s.ready(POOL)) == 2)
         runtime.scale(POOL, 3)
         await eventually(lambda: fake.scales[SVC] == 3)
         runtime.scale(POOL, 1, remove=("pod-a",))
         await eventually(lambda: fake.scales[SVC] == 1)
+        await eventually(lambda: len(fake.calls_to("PUT", "/leases")) > 0)  # a renewal
     role = next(o for o in render(ClusterFleet(POOLS, "models: []\n")) if o["kind"] == "Role")
     assert {o["metadata"]["name"] for o in [role]} == {GATEWAY}
     used = set()
     for call in fake.calls:
         group, resource, name = _resource(call.path)
-        verb = {"PATCH": "patch"}.get(call.method) or (
+        verb = {"PATCH": "patch", "PUT": "update", "POST": "create"}.get(call.method) or (
             "watch" if call.query.get("watch") == "1" else "list" if name is None else "get"
         )
         used.add((group, resource, verb))
@@ -308,7 +395,9 @@ async def test_every_call_the_operator_makes_is_allowed_by_the_rendered_role(
             group in rule["apiGroups"]
             and resource in rule["resources"]
             and verb in rule["verbs"]
-            and (name is None or name in rule.get("resourceNames", [name]))
+            # a rule with resourceNames allows only calls that name one of them (RBAC: never
+            # a list, a watch without a name field selector, or a create)
+            and ("resourceNames" not in rule or name in rule["resourceNames"])
             for rule in role["rules"]
         ), (call.method, call.path)
     granted = {

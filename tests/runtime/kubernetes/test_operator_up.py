@@ -8,39 +8,17 @@ through the EndpointSlice watch and routes a chat completion to it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-import socket
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
-from gpufleet.engine.server import SimEngineConfig, create_app
-
+from .cluster import sim_pod
 from .fake_api import FakeKubeApi, serving
 
 pytestmark = pytest.mark.asyncio
-
-
-@contextlib.asynccontextmanager
-async def sim_pod() -> AsyncIterator[int]:
-    """A sim engine on a free loopback port, in this event loop; yields the port."""
-    sock = socket.create_server(("127.0.0.1", 0))
-    app = create_app(SimEngineConfig(time_scale=200.0, max_model_len=2048))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 async def test_up_in_operator_mode_routes_to_the_pods_the_cluster_reports(

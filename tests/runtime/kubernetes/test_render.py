@@ -65,7 +65,7 @@ def _check_service_monitor(obj: Manifest) -> None:
 @pytest.mark.parametrize("path", FLEET_FILES, ids=lambda p: p.name)
 def test_every_object_of_every_shipped_fleet_validates(path: Path, version: str) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    objects = render(fleet_from(path), service_monitor=True)
+    objects = render(fleet_from(path), service_monitor=True, grafana=True)
     for obj in objects:
         # round-trip through the YAML we write, so what is validated is what is applied
         data = yaml.safe_load(manifest_files([obj])[0][1])
@@ -78,7 +78,7 @@ def test_every_object_of_every_shipped_fleet_validates(path: Path, version: str)
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_object_of_a_gpu_fleet_validates(gpu_fleet: ClusterFleet, version: str) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    for obj in render(gpu_fleet, "inference", "v0.18.0", service_monitor=True):
+    for obj in render(gpu_fleet, "inference", "v0.18.0", service_monitor=True, grafana=True):
         data = yaml.safe_load(manifest_files([obj])[0][1])
         if data["kind"] == "ServiceMonitor":
             _check_service_monitor(data)
@@ -249,6 +249,13 @@ def test_gateway_role_has_exactly_the_rights_it_needs(gpu_fleet: ClusterFleet) -
             "resourceNames": ["llama-3-1-70b", "qwen2-5-7b", "llama-3-1-8b"],
             "verbs": ["get", "patch"],
         },
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [GATEWAY],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
     ]
     binding = _find(render(gpu_fleet), "RoleBinding", GATEWAY)
     assert binding["roleRef"]["name"] == GATEWAY
@@ -292,8 +299,8 @@ def test_configmap_round_trips_to_the_same_fleet(path: Path) -> None:
 
 @pytest.mark.parametrize("path", FLEET_FILES, ids=lambda p: p.name)
 def test_rendering_twice_gives_identical_bytes(path: Path) -> None:
-    first = manifest_files(render(fleet_from(path), service_monitor=True))
-    second = manifest_files(render(fleet_from(path), service_monitor=True))
+    first = manifest_files(render(fleet_from(path), service_monitor=True, grafana=True))
+    second = manifest_files(render(fleet_from(path), service_monitor=True, grafana=True))
     assert first == second
     assert len({name for name, _ in first}) == len(first)
     assert [name for name, _ in first] == sorted(name for name, _ in first)

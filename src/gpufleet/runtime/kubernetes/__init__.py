@@ -9,6 +9,8 @@ Operator mode (``runtime: kubernetes``): :class:`KubernetesRuntime` finds each p
 pods through an EndpointSlice watch and publishes them as the local runtime does; its
 ``scale(pool, count, remove)`` drains the chosen pods, marks them with the pod-deletion cost
 and patches the pool Deployment's scale (a pure plan, ``plan_pool``, decides each step).
+With several gateway replicas, :class:`LeaderElection` on a Lease picks the one that scales.
+``dashboard()`` is the Grafana dashboard of the gateway, its autoscaler and the engines.
 """
 
 from gpufleet.runtime.kubernetes._api import (
@@ -16,6 +18,12 @@ from gpufleet.runtime.kubernetes._api import (
     KubeApi,
     KubeApiError,
     in_cluster_namespace,
+)
+from gpufleet.runtime.kubernetes._dashboard import (
+    DASHBOARD_FILE,
+    DASHBOARD_UID,
+    dashboard,
+    dashboard_json,
 )
 from gpufleet.runtime.kubernetes._discovery import SliceWatch
 from gpufleet.runtime.kubernetes._endpoints import PodEndpoint, PodState, pod_endpoints
@@ -26,16 +34,26 @@ from gpufleet.runtime.kubernetes._gpus import (
     GPU_RESOURCE,
     gpu_product,
 )
+from gpufleet.runtime.kubernetes._leader import (
+    NOTE_ANNOTATION,
+    LeaderElection,
+    LeaseSettings,
+    default_identity,
+)
 from gpufleet.runtime.kubernetes._operator import (
+    LEADER_METRIC,
     ClusterPool,
     KubernetesRuntime,
     OperatorSettings,
     cluster_pools,
+    export_leadership,
 )
 from gpufleet.runtime.kubernetes._render import (
+    DASHBOARDS,
     FLEET_KEY,
     GATEWAY,
     GATEWAY_IMAGE,
+    GRAFANA_LABEL,
     PORT,
     VLLM_IMAGE,
     VLLM_TAG,
@@ -60,6 +78,9 @@ from gpufleet.runtime.kubernetes._scaling import (
 )
 
 __all__ = [
+    "DASHBOARDS",
+    "DASHBOARD_FILE",
+    "DASHBOARD_UID",
     "DELETION_COST",
     "DELETION_COST_ANNOTATION",
     "FLEET_KEY",
@@ -68,6 +89,9 @@ __all__ = [
     "GPU_PRODUCTS",
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
+    "GRAFANA_LABEL",
+    "LEADER_METRIC",
+    "NOTE_ANNOTATION",
     "PORT",
     "VLLM_IMAGE",
     "VLLM_TAG",
@@ -79,6 +103,8 @@ __all__ = [
     "KubeApi",
     "KubeApiError",
     "KubernetesRuntime",
+    "LeaderElection",
+    "LeaseSettings",
     "Manifest",
     "Mark",
     "Observed",
@@ -89,6 +115,10 @@ __all__ = [
     "PoolPlan",
     "SliceWatch",
     "cluster_pools",
+    "dashboard",
+    "dashboard_json",
+    "default_identity",
+    "export_leadership",
     "gpu_product",
     "in_cluster_namespace",
     "manifest_files",

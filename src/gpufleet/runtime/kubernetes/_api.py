@@ -1,11 +1,12 @@
-"""A small async client of the Kubernetes API: the five calls operator mode makes, over httpx.
+"""A small async client of the Kubernetes API: the calls operator mode makes, over httpx.
 
 Why httpx and not a generated client: the operator needs list and watch of EndpointSlices,
-get and patch of ``deployments/scale``, and a patch of a pod's annotations. httpx is already
+get and patch of ``deployments/scale``, a patch of a pod's annotations, and get, create and
+conditional update of its leader-election Lease. httpx is already
 the gateway's and the runtime's HTTP client, so this adds no dependency (the official
 ``kubernetes`` client is synchronous and would need threads in the gateway's event loop;
 ``kubernetes_asyncio`` brings aiohttp and thousands of generated models; ``kr8s`` and
-``lightkube`` would each add a dependency for five calls). And the watch protocol (resource
+``lightkube`` would each add a dependency for a handful of calls). And the watch protocol (resource
 versions, bookmarks, ``410 Gone``) is the part that must be right and tested, so it is spelled
 out in ``_discovery.py`` rather than hidden in a helper.
 
@@ -137,6 +138,15 @@ class KubeApi:
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> JSON:
         return await self._call("GET", path, params=params)
+
+    async def post(self, path: str, body: JSON) -> JSON:
+        """Create an object (``409`` if one of that name exists)."""
+        return await self._call("POST", path, json=body)
+
+    async def put(self, path: str, body: JSON) -> JSON:
+        """Replace an object; with ``metadata.resourceVersion`` set, only if it is still that
+        version (``409 Conflict`` otherwise: someone else wrote it first)."""
+        return await self._call("PUT", path, json=body)
 
     async def patch(self, path: str, body: JSON, *, content_type: str = MERGE_PATCH) -> JSON:
         return await self._call(

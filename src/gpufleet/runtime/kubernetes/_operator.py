@@ -11,6 +11,12 @@ deadline passes), mark it with the deletion cost, patch the scale. It publishes 
         rt.subscribe(on_snapshot)                           # the gateway's replica list
         rt.scale("llama-3.1-8b", 1, remove=("llama-3-1-8b-7d9c-x2x4q",))
 
+With several gateway replicas (``leader=LeaderElection(...)``), only the holder of the Lease
+acts: the others publish the same pods, take ``scale`` calls as no-ops, and keep out of
+routing the pods the leader says it drains (its note on the Lease). A replica that loses the
+lease stops at once: its drains are cancelled and its victims serve again until the new
+leader decides for itself.
+
 Everything runs in one ``asyncio.TaskGroup`` owned by the ``async with`` block. A failed call
 is logged and retried on the next round (after ``retry_s``); nothing the API server does can
 end the block, and an unreachable API server leaves the last known replicas published.
@@ -27,6 +33,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Final, Self
 
 import httpx
+from prometheus_client import CollectorRegistry, Gauge
 
 from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.runtime._local import in_flight
@@ -41,6 +48,7 @@ from gpufleet.runtime.kubernetes._endpoints import (
     PodState,
     pod_endpoints,
 )
+from gpufleet.runtime.kubernetes._leader import LeaderElection
 from gpufleet.runtime.kubernetes._render import pool_object_names
 from gpufleet.runtime.kubernetes._scaling import (
     DELETION_COST,
@@ -129,8 +137,12 @@ class KubernetesRuntime:
         *,
         settings: OperatorSettings | None = None,
         in_flight: InFlight | None = None,
+        leader: LeaderElection | None = None,
     ) -> None:
         self.settings = settings or OperatorSettings()
+        self.leader = leader
+        self._led = leader is None
+        self._resync_now = False
         self._api = api
         self._ns = namespace
         self._pools = {p.name: _PoolState(p) for p in pools}
@@ -174,14 +186,23 @@ class KubernetesRuntime:
             await published.wait()
         return self._snapshot
 
+    @property
+    def leading(self) -> bool:
+        """Whether this replica acts on the cluster (always, without a ``leader``)."""
+        return self.leader is None or self.leader.leading
+
     def scale(self, pool: str, count: int, remove: Sequence[str] = ()) -> None:
         """Want ``count`` replicas in ``pool``; on a scale-down, remove the pods named in
-        ``remove`` first (after draining them). Returns at once; the reconcile loop acts."""
+        ``remove`` first (after draining them). Returns at once; the reconcile loop acts.
+        A replica that does not hold the Lease ignores it (the leader's autoscaler decides)."""
         state = self._pools.get(pool)
         if state is None:
             raise KeyError(f"unknown pool {pool!r}")
         if state.pool.spec.engine.kind is EngineKind.EXTERNAL:
             raise ValueError(f"pool {pool!r} is external: nothing here can scale it")
+        if not self.leading:
+            logger.debug("pool %s: not the leader; scale to %d left to the leader", pool, count)
+            return
         state.desired = Desired(count, tuple(remove))
         self._wake.set()
 
@@ -212,9 +233,14 @@ class KubernetesRuntime:
     async def _run(self) -> None:
         if self._by_service:
             self._spawn(self.watch.run(), "k8s-endpointslices")
+        if self.leader is not None:
+            self.leader.subscribe(self._leadership_changed)
+            self._spawn(self.leader.run(), "k8s-leader-election")
         loop = asyncio.get_running_loop()
         next_resync = loop.time()
         while True:
+            if self._resync_now:  # a new leader reads the scales before it acts
+                self._resync_now, next_resync = False, loop.time()
             if loop.time() >= next_resync:
                 read = await self._read_scales()
                 wait = self.settings.resync_s if read else self.settings.retry_s
@@ -227,6 +253,21 @@ class KubernetesRuntime:
                 async with asyncio.timeout(max(0.0, timeout)):
                     await self._wake.wait()
             self._wake.clear()
+
+    def _leadership_changed(self, leading: bool) -> None:
+        if leading != self._led:
+            self._led = leading
+            if leading:
+                self._resync_now = True
+            else:  # stop acting at once: the new leader decides afresh
+                for state in self._pools.values():
+                    for task in state.drains.values():
+                        task.cancel()
+                    state.drains.clear()
+                    state.drained.clear()
+                    state.marked.clear()
+                    state.desired = None
+        self._wake.set()
 
     # -- observe --------------------------------------------------------------------------
 
@@ -255,6 +296,8 @@ class KubernetesRuntime:
     async def _reconcile(self) -> bool:
         """Plan every pool and carry out its actions; ``True`` if an action failed."""
         failed = False
+        leading = self.leading
+        peer = frozenset(self.leader.peer_note.split(",") if self.leader is not None else ())
         for state in self._pools.values():
             if not state.pool.deployment:
                 continue
@@ -262,6 +305,9 @@ class KubernetesRuntime:
             names = {p.name for p in pods}
             for kept in (state.drained, state.marked, state.retired):
                 kept.intersection_update(names)  # forget pods that are gone
+            if not leading:  # route, never act; keep out what the leader drains
+                self._set_draining(state, frozenset(names & peer))
+                continue
             observed = Observed(
                 state.scale,
                 pods,
@@ -278,6 +324,9 @@ class KubernetesRuntime:
                     logger.warning("pool %s: %s failed: %s", state.pool.name, action, error)
                     failed = True
                     break
+        if leading and self.leader is not None:  # the other replicas stop routing to them too
+            draining = (pod for state in self._pools.values() for pod in state.draining)
+            self.leader.set_note(",".join(sorted(draining)))
         self._publish()
         return failed
 
@@ -391,6 +440,19 @@ class KubernetesRuntime:
                 logger.exception("runtime listener %r failed", listener)
         published, self._published = self._published, asyncio.Event()
         published.set()
+
+
+LEADER_METRIC: Final = "gpufleet:operator_leader"
+
+
+def export_leadership(runtime: KubernetesRuntime, registry: CollectorRegistry) -> None:
+    """``gpufleet:operator_leader``: 1 on the gateway replica whose autoscaler acts."""
+    gauge = Gauge(
+        LEADER_METRIC,
+        "1 while this gateway replica holds the Lease (or needs none): its autoscaler acts.",
+        registry=registry,
+    )
+    gauge.set_function(lambda: 1.0 if runtime.leading else 0.0)
 
 
 def _status(spec: PoolSpec, name: ReplicaId, url: str, pod: PodState) -> ReplicaStatus:

@@ -8,6 +8,7 @@ each pool), as plain dicts that ``yaml.safe_dump`` writes as they are::
     ServiceAccount, Role, RoleBinding, ConfigMap, Deployment, Service    gpufleet-gateway
     Deployment, Service (headless), PodDisruptionBudget                  per sim/vllm pool
     ServiceMonitor          gpufleet-gateway, gpufleet-engines          (service_monitor=True)
+    ConfigMap               gpufleet-dashboards: Grafana's dashboard     (grafana=True)
 
 An ``external`` pool renders nothing: someone else runs its replicas (``notes`` says so).
 
@@ -34,6 +35,7 @@ from typing import Any, Final
 
 from gpufleet.perf import EngineLimits
 from gpufleet.runtime._spec import EngineKind, EngineSpec, PoolSpec
+from gpufleet.runtime.kubernetes._dashboard import DASHBOARD_FILE, dashboard_json
 from gpufleet.runtime.kubernetes._gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_product
 
 Manifest = dict[str, Any]
@@ -62,6 +64,9 @@ FLEET_DIR: Final = "/etc/gpufleet"
 
 GATEWAY: Final = "gpufleet-gateway"
 ENGINES_MONITOR: Final = "gpufleet-engines"
+DASHBOARDS: Final = "gpufleet-dashboards"
+GRAFANA_LABEL: Final = "grafana_dashboard"
+"""The label Grafana's dashboard sidecar (kube-prometheus-stack, the Grafana chart) looks for."""
 PART_OF: Final = "gpufleet"
 COMPONENT_LABEL: Final = "gpufleet/component"
 POOL_LABEL: Final = "gpufleet/pool"
@@ -103,6 +108,7 @@ def render(
     *,
     gateway_image: str = GATEWAY_IMAGE,
     service_monitor: bool = False,
+    grafana: bool = False,
 ) -> list[Manifest]:
     """Every object of the fleet, in apply order. ``ValueError`` for what cannot be rendered
     (a namespace or pool that makes no valid object name, a GPU without a node label)."""
@@ -120,6 +126,8 @@ def render(
             _service_monitor(ctx, GATEWAY, "gateway"),
             _service_monitor(ctx, ENGINES_MONITOR, "engine"),
         ]
+    if grafana:
+        objects.append(_dashboards(ctx))
     return objects
 
 
@@ -144,7 +152,7 @@ def pool_object_names(pools: Sequence[PoolSpec]) -> dict[str, str]:
         if len(name) > _NAME_MAX:
             digest = hashlib.sha256(pool.name.encode()).hexdigest()[:8]
             name = f"{name[: _NAME_MAX - 9].rstrip('-')}-{digest}"
-        taken = {*names.values(), GATEWAY, ENGINES_MONITOR}
+        taken = {*names.values(), GATEWAY, ENGINES_MONITOR, DASHBOARDS}
         if name in taken:
             raise ValueError(f"pool {pool.name!r}: its object name {name!r} is already taken")
         names[pool.name] = name
@@ -198,14 +206,23 @@ def _gateway(ctx: _Context, fleet: ClusterFleet, deployments: Sequence[str]) -> 
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
     ]
     if deployments:  # resourceNames: the scale of its own pools, and no other Deployment's
-        rules.append(
+        rules += [
             {
                 "apiGroups": ["apps"],
                 "resources": ["deployments/scale"],
                 "resourceNames": list(deployments),
                 "verbs": ["get", "patch"],
-            }
-        )
+            },
+            # leader election among the gateway replicas (only the leader scales): read and
+            # renew its own Lease; create cannot be limited to a name (RBAC knows no name yet)
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [GATEWAY],
+                "verbs": ["get", "update"],
+            },
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        ]
     fleet_hash = hashlib.sha256(fleet.fleet_yaml.encode()).hexdigest()
     container = {
         "name": "gateway",
@@ -462,4 +479,16 @@ def _service_monitor(ctx: _Context, name: str, component: str) -> Manifest:
             "namespaceSelector": {"matchNames": [ctx.namespace]},
             "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
         },
+    }
+
+
+def _dashboards(ctx: _Context) -> Manifest:
+    """The Grafana dashboard as a ConfigMap the Grafana sidecar imports (its label)."""
+    meta = ctx.meta(DASHBOARDS, {**_labels("dashboards"), GRAFANA_LABEL: "1"})
+    meta["annotations"] = {"grafana_folder": "gpufleet"}  # the sidecar's folderAnnotation
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta,
+        "data": {DASHBOARD_FILE: dashboard_json()},
     }
