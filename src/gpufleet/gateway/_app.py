@@ -745,7 +745,7 @@ def _parse(body: bytes, chat: bool) -> dict[str, Any]:
 def _prompt_text(payload: dict[str, Any]) -> str:
     """The prompt as text, for prefix hashing and a token estimate (no tokenizer here)."""
     messages = payload.get("messages")
-    if messages is not None:
+    if isinstance(messages, list):  # (a completion's body may carry anything there)
         parts: list[str] = []
         for message in messages:
             if not isinstance(message, dict):
