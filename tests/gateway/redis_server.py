@@ -31,14 +31,15 @@ def _pong(port: int) -> bool:
 
 
 @contextmanager
-def redis_server() -> Iterator[str]:
-    """Start a server; yields its ``redis://`` URL."""
+def redis_server(port: int | None = None) -> Iterator[str]:
+    """Start a server (on ``port``, or a free one); yields its ``redis://`` URL."""
     binary = shutil.which("redis-server")
     assert binary is not None
     root = Path(tempfile.mkdtemp(prefix="gpufleet-redis-"))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    if port is None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(root)]
     args += ["--save", "", "--appendonly", "no", "--logfile", str(root / "log")]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -4,6 +4,7 @@ own limits and says so."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -16,7 +17,9 @@ import httpx
 import pytest
 
 from gpufleet.engine.server import SimEngineConfig, create_app
+from gpufleet.gateway._quotas import Lease
 from gpufleet.gateway._quotas_redis import RedisQuotas
+from gpufleet.policy import Denial, QuotaLimits
 from gpufleet.store import TenantSettings
 from tests.gateway.conftest import MODEL, closed_port_url, serve_app, sim_replica
 from tests.gateway.redis_server import redis_server, unavailable
@@ -141,3 +144,55 @@ def test_without_redis_each_gateway_keeps_its_own_limits(
     warnings = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(warnings) == 1  # once per outage, not once per request
     assert "fall back to this gateway's own limits" in warnings[0]
+
+
+@pytest.mark.asyncio
+async def test_a_dead_gateways_slots_free_themselves(redis_url: str) -> None:
+    """A running request's concurrency slot is a lease its gateway renews; a gateway that
+    dies stops renewing, and the slot frees itself (20 s in production, 1 s here)."""
+    a, b = (RedisQuotas(redis_url, time.monotonic, lease=1.0, renew=0.2) for _ in range(2))
+    for quotas in (a, b):
+        quotas.set_limits("leased", QuotaLimits(concurrency=1))
+    try:
+        assert isinstance(await a.acquire("leased", "first"), Lease)
+        renewing = asyncio.create_task(a.run())
+        await asyncio.sleep(1.5)  # past the lease: held because a renews it
+        assert isinstance(await b.acquire("leased", "second"), Denial)
+        renewing.cancel()  # a "dies" with its request running
+        await asyncio.sleep(1.3)
+        assert isinstance(await b.acquire("leased", "third"), Lease)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+@pytest.mark.asyncio
+async def test_redis_away_and_back(caplog: pytest.LogCaptureFixture) -> None:
+    """Redis stops: the gateway decides alone on its own book, which saw the shared starts
+    too; Redis returns: shared again, and both changes are logged."""
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    caplog.set_level(logging.WARNING, logger="gpufleet.gateway")
+    with redis_server() as url:
+        quotas = RedisQuotas(url, time.monotonic, retry=0.2)
+        quotas.set_limits("flaky", QuotaLimits(rpm=3))
+        for n in range(2):
+            assert isinstance(await quotas.acquire("flaky", f"shared-{n}"), Lease)
+        assert quotas.shared
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    try:
+        assert isinstance(await quotas.acquire("flaky", "local-0"), Lease)  # 3rd of 3
+        assert not quotas.shared
+        denied = await quotas.acquire("flaky", "local-1")  # the local book counted all 3
+        assert isinstance(denied, Denial)
+        assert denied.limit == "rpm"
+        with redis_server(port):  # back (empty: a restarted Redis forgot the window)
+            await asyncio.sleep(0.3)
+            assert isinstance(await quotas.acquire("flaky", "shared-again"), Lease)
+            assert quotas.shared
+    finally:
+        await quotas.aclose()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("unreachable" in m for m in messages) == 1
+    assert sum("quotas are shared again" in m for m in messages) == 1

@@ -124,8 +124,8 @@ _RENEW: Final = (
     _EXPIRE_TOKENS
     + """
 -- KEYS: run; ARGV: lease ms, members…
-local until = now + tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', until, ARGV[i]) end
+local expiry = now + tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[i]) end
 redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[1]))
 return 0
 """
@@ -155,11 +155,15 @@ class RedisQuotas(Quotas):
         *,
         timeout: float = TIMEOUT,
         retry: float = RETRY,
+        lease: float = LEASE,
+        renew: float = RENEW,
     ) -> None:
         super().__init__(clock)
         self.url = url
         self._timeout = timeout
         self._retry = retry
+        self._lease_ms = int(lease * 1000)
+        self._renew = renew
         self._redis: Redis | None = None
         self._scripts: dict[str, Any] = {}
         self._down_until: float | None = None
@@ -220,7 +224,7 @@ class RedisQuotas(Quotas):
             _arg(limits.concurrency),
             WINDOW_MS,
             member,
-            int(LEASE * 1000),
+            self._lease_ms,
         ]
         try:
             code, wait_ms = await self._call("acquire", [req, tok, tot, run], args)
@@ -257,15 +261,15 @@ class RedisQuotas(Quotas):
             self._failed(error)  # the slot frees itself when its lease expires
 
     async def run(self) -> None:
-        """Renew the leases of this gateway's running requests, every ``RENEW`` seconds."""
+        """Renew the leases of this gateway's running requests, every ``renew`` seconds."""
         while True:
-            await asyncio.sleep(RENEW)
+            await asyncio.sleep(self._renew)
             for tenant, members in list(self._running.items()):
                 if not members or not self._usable():
                     continue
                 try:
                     await self._call(
-                        "renew", [_keys(tenant)[3]], [int(LEASE * 1000), *sorted(members)]
+                        "renew", [_keys(tenant)[3]], [self._lease_ms, *sorted(members)]
                     )
                 except (RedisError, OSError, TimeoutError) as error:
                     self._failed(error)
