@@ -263,9 +263,10 @@ class GatewayConfig(_Strict):
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     """The autoscaling loop and the hold queue of scale from zero (docs/gateway.md)."""
     redis_url: str | None = None
-    """A Redis the gateways share (``redis://host:6379/0``). With it, ``gpufleet deploy k8s``
-    runs two gateway replicas. What they will share through it (routing load, health, rate
-    limits) is not built yet: today each gateway still keeps that state in memory."""
+    """A Redis the gateways share (``redis://host:6379/0``): the tenants' quotas (rpm, tpm,
+    concurrency) live there, so N gateways hold a tenant to one limit (docs/tenants.md).
+    With it, ``gpufleet deploy k8s`` runs two gateway replicas. Routing load, health and the
+    admission queue stay in each gateway's memory."""
 
     @model_validator(mode="after")
     def _redis_scheme(self) -> GatewayConfig:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
@@ -36,6 +37,10 @@ from gpufleet.store import StoreError, TenantSettings, settings_dict
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 _MAX = 1 << 20
+_MAX_QUOTA = 10**15
+"""Largest rpm, tpm or concurrency (a database integer holds it; no real tenant needs more)."""
+_MAX_WEIGHT = 1e6
+_MAX_AUDIT = 10_000
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(TenantSettings))
 
 
@@ -57,7 +62,8 @@ async def handle_admin(
         tenancy.audit("anonymous", "admin.denied", f"{method} {path}", "denied")
         raise UnauthorizedError("The admin API needs the admin credential.")
     parts = [p for p in path.split("/") if p][1:]
-    query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
+    raw_query = scope.get("query_string", b"").decode("utf-8", "replace")
+    query = {k: v[-1] for k, v in parse_qs(raw_query).items()}
     body = await _read(receive) if method in ("POST", "PUT") else b""
     try:
         status, answer = await _route(tenancy, method, parts, query, body)
@@ -98,7 +104,7 @@ async def _route(  # noqa: PLR0911 - one return per route
         case ["tenants", name]:
             _only(method, "PUT")
             settings = _settings(_json(body))
-            await asyncio.to_thread(store.put_tenant, name, settings)
+            await asyncio.to_thread(store.put_tenant, _name(name), settings)
             return 200, {"name": name, **settings_dict(settings)}
         case ["keys"] if method == "GET":
             keys = await asyncio.to_thread(store.keys, query.get("tenant"))
@@ -110,7 +116,7 @@ async def _route(  # noqa: PLR0911 - one return per route
             if not isinstance(tenant, str):
                 raise BadRequestError("`tenant` is required (a string)")
             new = _settings(data) if data else None
-            info, key = await asyncio.to_thread(store.create_key, tenant, new)
+            info, key = await asyncio.to_thread(store.create_key, _name(tenant), new)
             return 201, {**dataclasses.asdict(info), "key": key}
         case ["keys", key_id, "rotate"]:
             _only(method, "POST")
@@ -126,7 +132,8 @@ async def _route(  # noqa: PLR0911 - one return per route
             return 200, [dataclasses.asdict(r) for r in rows]
         case ["audit"]:
             _only(method, "GET")
-            limit = int(_number(query, "limit") or 100)
+            limit = _number(query, "limit")
+            limit = 100 if limit is None else int(min(max(limit, 1), _MAX_AUDIT))
             return 200, await asyncio.to_thread(store.audit_entries, limit)
     raise RouteNotFoundError(f"no admin route {method} /admin/{'/'.join(parts)}")
 
@@ -147,15 +154,57 @@ def _json(body: bytes) -> dict[str, Any]:
 
 
 def _settings(data: dict[str, Any]) -> TenantSettings:
+    """Settings from a JSON object, every field's type and range checked here: what reaches
+    the store is what its columns hold (a 400 otherwise, never a 500 from the database)."""
     unknown = set(data) - _SETTINGS
     if unknown:
         raise BadRequestError(f"unknown settings: {', '.join(sorted(unknown))}")
-    if isinstance(data.get("models"), list):
-        data["models"] = tuple(data["models"])
+    models = data.get("models")
+    if models is not None:
+        if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+            raise BadRequestError("`models` must be a list of model names (or null)")
+        data["models"] = tuple(_text(m, "a model name") for m in models)
+    for name in ("rpm", "tpm", "concurrency"):
+        value = data.get(name)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MAX_QUOTA
+        ):
+            raise BadRequestError(
+                f"`{name}` must be a whole number from 1 to {_MAX_QUOTA} (or null)"
+            )
+    if "weight" in data:
+        weight = data["weight"]
+        if (
+            not isinstance(weight, int | float)
+            or isinstance(weight, bool)
+            or not 0 < weight <= _MAX_WEIGHT  # (NaN fails this too)
+        ):
+            raise BadRequestError(f"`weight` must be a number over 0, at most {_MAX_WEIGHT:g}")
+        data["weight"] = float(weight)
+    if "priority" in data and not isinstance(data["priority"], str):
+        raise BadRequestError("`priority` must be a string")
     try:
         return TenantSettings(**data)
     except (TypeError, StoreError) as error:
         raise BadRequestError(str(error)) from None
+
+
+def _text(value: str, what: str) -> str:
+    """``value`` if a database can hold it: UTF-8 (no lone surrogates) and no control
+    characters (PostgreSQL refuses NUL)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise BadRequestError(f"{what} must be valid Unicode text") from None
+    if not value.isprintable():
+        raise BadRequestError(f"{what} must hold no control characters")
+    return value
+
+
+def _name(tenant: str) -> str:
+    if not 1 <= len(tenant) <= 128:
+        raise BadRequestError("a tenant name is 1 to 128 characters")
+    return _text(tenant, "a tenant name")
 
 
 def _number(query: dict[str, str], name: str) -> float | None:
@@ -163,9 +212,12 @@ def _number(query: dict[str, str], name: str) -> float | None:
     if value is None:
         return None
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
-        raise BadRequestError(f"`{name}` must be a number") from None
+        number = math.nan
+    if math.isnan(number):
+        raise BadRequestError(f"`{name}` must be a number")
+    return number
 
 
 def _redacted(answer: Any) -> dict[str, Any] | None:

@@ -235,10 +235,12 @@ class Gateway:
                 if self.tenancy is not None:
                     self.tenancy.open(lambda: self.fleet.view)
                     stack.callback(self.tenancy.close)
+                    stack.push_async_callback(self.tenancy.aclose)
                 async with asyncio.TaskGroup() as tg:
                     loops = [tg.create_task(self._health_loop(tg), name="gateway-health")]
                     if self.tenancy is not None:
                         loops.append(tg.create_task(self.tenancy.refresh_loop()))
+                        loops.append(tg.create_task(self.tenancy.quotas.run(), name="quotas"))
                     # admission gates on scraped saturation too
                     if self.tenancy is not None or any(_scraped(m) for m in self.config.models):
                         loops.append(tg.create_task(self._scrape_loop(), name="gateway-scrape"))
@@ -770,7 +772,7 @@ def _parse(body: bytes, chat: bool) -> dict[str, Any]:
 def _prompt_text(payload: dict[str, Any]) -> str:
     """The prompt as text, for prefix hashing and a token estimate (no tokenizer here)."""
     messages = payload.get("messages")
-    if messages is not None:
+    if isinstance(messages, list):  # (a completion's body may carry anything there)
         parts: list[str] = []
         for message in messages:
             if not isinstance(message, dict):

@@ -29,13 +29,15 @@ from gpufleet.config import FleetConfig, TenantsConfig
 from gpufleet.fleet import FleetView
 from gpufleet.gateway._admission import AdmissionGate
 from gpufleet.gateway._errors import BadRequestError
+from gpufleet.gateway._quotas import Lease, Quotas
+from gpufleet.gateway._quotas_redis import RedisQuotas
 from gpufleet.gateway._tenancy_errors import (
     ForbiddenError,
     RateLimitedError,
     UnauthorizedError,
 )
 from gpufleet.gateway._usage import Meter, ask_for_usage
-from gpufleet.policy import CLASSES, QuotaLimits, TenantQuota, Ticket
+from gpufleet.policy import CLASSES, QuotaLimits, Ticket
 from gpufleet.store import (
     Journal,
     Snapshot,
@@ -71,7 +73,7 @@ class Admitted:
     wall: float
     ticket: Ticket
     gate: AdmissionGate
-    quota: TenantQuota
+    lease: Lease | None
     meter: Meter
     queued: float = 0.0
     first_at: float | None = None
@@ -109,7 +111,9 @@ class Tenancy:
         self.admin_key = admin_key
         self._clock = clock
         self.snapshot = Snapshot()
-        self._quotas: dict[str, TenantQuota] = {}
+        redis_url = fleet.gateway.redis_url
+        self.quotas = Quotas(clock) if redis_url is None else RedisQuotas(redis_url, clock)
+        """rpm, tpm and concurrency per tenant: this gateway's own, or shared through Redis."""
         self.gates: dict[str, AdmissionGate] = {}
         self._models = [m.name for m in fleet.models]
         self._reload_lock = threading.Lock()
@@ -130,6 +134,9 @@ class Tenancy:
     def close(self) -> None:
         self.journal.close()
 
+    async def aclose(self) -> None:
+        await self.quotas.aclose()
+
     def reload(self) -> None:
         """Load keys and tenants now (any thread). Snapshots apply in the order they were
         started, so a slow periodic reload cannot undo a revocation applied after it began."""
@@ -146,11 +153,7 @@ class Tenancy:
         self.snapshot = snapshot
         for name, settings in snapshot.tenants.items():
             limits = QuotaLimits(settings.rpm, settings.tpm, settings.concurrency)
-            quota = self._quotas.get(name)
-            if quota is None:
-                self._quotas[name] = TenantQuota(limits)
-            elif quota.limits != limits:
-                quota.limits = limits
+            self.quotas.set_limits(name, limits)
 
     async def refresh_loop(self) -> None:
         while True:
@@ -216,7 +219,6 @@ class Tenancy:
         settings = principal.settings
         wall = time.time()
         allowed = settings.models
-        quota = self._quotas.setdefault(principal.tenant, TenantQuota(QuotaLimits()))
         ticket = Ticket(
             request_id,
             principal.tenant,
@@ -229,26 +231,28 @@ class Tenancy:
         gate = self.gates[model]
         body, injected = ask_for_usage(payload, body)
         admitted = Admitted(
-            principal, request_id, model, arrived, wall, ticket, gate, quota, Meter(0, False, _no)
+            principal, request_id, model, arrived, wall, ticket, gate, None, Meter(0, False, _no)
         )
         admitted.meter = Meter(prompt_estimate, injected, lambda: self._record(admitted))
         if allowed is not None and model not in allowed:
             self.audit(principal.key_id, "access.denied", model, "denied", {"why": "model"})
             self._record(admitted, 403, started=False)
             raise ForbiddenError(f"This key may not use the model `{model}`.")
-        denial = quota.check(self._clock())
-        if denial is not None:
+        lease = await self.quotas.acquire(principal.tenant, admitted.ledger_id)
+        if not isinstance(lease, Lease):
+            denial = lease
             self._record(admitted, 429, started=False)
             raise RateLimitedError(
                 f"Rate limit reached for tenant `{principal.tenant}`: {denial.limit} "
                 f"(retry after {denial.retry_after} s).",
                 denial.retry_after,
             )
-        quota.start(self._clock())
+        admitted.lease = lease
         try:
             await gate.enter(ticket)
         except BaseException as error:
-            quota.finish(self._clock(), 0)
+            self.quotas.release(lease, 0)
+            admitted.lease = None
             if not isinstance(error, asyncio.CancelledError):
                 self._record(admitted, getattr(error, "status", 503), started=False)
             raise
@@ -271,8 +275,9 @@ class Tenancy:
         if not admitted.recorded:
             self._record(admitted, status)
         usage = admitted.meter.usage
-        now = self._clock()
-        admitted.quota.finish(now, usage.total if usage.known else usage.prompt_tokens)
+        if admitted.lease is not None:
+            self.quotas.release(admitted.lease, usage.total if usage.known else usage.prompt_tokens)
+            admitted.lease = None
         work = (usage.uncached_prompt, usage.completion_tokens) if usage.known else None
         admitted.gate.leave(admitted.ticket, work)
 
