@@ -7,7 +7,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.policy import AdmissionConfig, FairQueue, Ticket
+from gpufleet.fleet import ReplicaLoad, ReplicaState, ReplicaView
+from gpufleet.policy import AdmissionConfig, FairQueue, PoolGauge, Ticket, pool_saturated
 
 _ids = iter(range(10**9))
 
@@ -76,6 +77,45 @@ def test_a_full_queue_sheds_the_lowest_class_first() -> None:
     refused = ticket("d", priority=1)
     assert queue.offer(0, refused) == [refused]
     assert len(queue) == 2
+
+
+def test_a_full_queue_sheds_the_long_backlog_not_a_light_tenant_just_served() -> None:
+    """The light tenant's counter is above the heavy one's for a moment (it was just served),
+    but the queue is full of the heavy tenant's work: a heavy ticket goes."""
+    queue = FairQueue(AdmissionConfig(max_queue=3))
+    for _ in range(3):
+        queue.offer(0, ticket("heavy", prompt_estimate=100))
+    light = ticket("light", prompt_estimate=100)
+    queue.start(light)
+    queue.charge(light, 150, 0)
+    newcomer = ticket("light", prompt_estimate=100)
+    (shed,) = queue.offer(0, newcomer)
+    assert shed.tenant == "heavy"
+    assert queue.waiting("light") == 1
+
+
+def _replicas(running: int, at: float) -> list[ReplicaView]:
+    load = ReplicaLoad(running=running, observed_at=at)
+    return [ReplicaView(f"r{i}", "m", ReplicaState.READY, load) for i in range(2)]  # type: ignore[arg-type]
+
+
+def test_saturation_is_the_scrape_or_the_own_count() -> None:
+    config = AdmissionConfig(max_num_seqs=4)
+    assert not pool_saturated([], 100, config)
+    assert pool_saturated(_replicas(4, 0.0), 0, config)  # the scrape says full
+    assert pool_saturated(_replicas(0, 0.0), 7, config)  # the own count says full
+    assert not pool_saturated(_replicas(3, 0.0), 6, config)
+
+
+def test_a_gauge_moves_a_full_scrape_by_the_requests_ended_since() -> None:
+    """Without it a scrape taken while the pool was full holds every queued request back
+    until the next scrape, however many requests end meanwhile."""
+    gauge = PoolGauge(AdmissionConfig(max_num_seqs=4))
+    full = _replicas(4, 1.0)
+    assert gauge.saturated(full, 8)
+    assert not gauge.saturated(full, 6)  # two ended since the scrape
+    assert gauge.saturated(full, 8)  # and two started in their place
+    assert gauge.saturated(_replicas(4, 2.0), 6)  # a new scrape: the base is 6 now
 
 
 def test_deadlines_expire_while_queued() -> None:

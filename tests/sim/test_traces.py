@@ -79,12 +79,12 @@ def test_gpufleet_jsonl(tmp_path: Path) -> None:
     trace = write(
         tmp_path / "t.jsonl",
         '{"arrival_s": 0.25, "input_tokens": 1000, "output_tokens": 20, "hash_ids": [3, 4],'
-        ' "session": "u1", "model": "llama-3.1-8b"}\n'
+        ' "session": "u1", "model": "llama-3.1-8b", "tenant": "team-a"}\n'
         "\n"
         '{"arrival_s": 2, "input_tokens": 8, "output_tokens": 1}\n',
     )
     assert list(load_trace(trace)) == [
-        TraceRequest(0.25, 1000, 20, (3, 4), "u1", "llama-3.1-8b"),
+        TraceRequest(0.25, 1000, 20, (3, 4), "u1", "llama-3.1-8b", "team-a"),
         TraceRequest(2.0, 8, 1),
     ]
     assert detect_format(trace) is TraceFormat.JSONL

@@ -25,6 +25,7 @@ from gpufleet.sim import (
     load_faults,
     load_trace,
     parse_fault,
+    parse_tenant,
     write_plots,
 )
 
@@ -126,6 +127,15 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     hit = o["prefix_hit_rate"]
     rows.append(("prefix hit rate", "—" if hit is None else f"{hit:.1%}"))
     rows.append(("preemptions", f"{o['preemptions']:,}"))
+    for name, t in report.get("tenants", {}).get("tenants", {}).items():
+        q = t["ttft_s"]
+        rows.append(
+            (
+                f"tenant {name}: TTFT p50 / p99 (ms), shed",
+                " / ".join(_ms(q[p]) for p in ("p50", "p99"))
+                + f", {t['shed'] + t['expired']:,} of {t['requests']:,}",
+            )
+        )
     faults = report["faults"]
     if faults["scenario"]:
         rows.append(
@@ -283,6 +293,20 @@ def simulate(
         float | None,
         typer.Option(help="Crash replicas at random, MTBF per GPU in simulated hours."),
     ] = None,
+    tenant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A tenant: NAME[:share=S,weight=W,priority=P]; untagged requests are drawn "
+            "by share (repeatable)."
+        ),
+    ] = None,
+    admission: Annotated[
+        bool | None,
+        typer.Option(
+            "--admission/--no-admission",
+            help="The gateway's admission queue (default: on with the fleet's tenants.auth).",
+        ),
+    ] = None,
 ) -> None:
     """Replay a trace against a modelled fleet: latencies, throughput, KV usage, cost.
 
@@ -305,6 +329,8 @@ def simulate(
         if mtbf_hours is not None:
             scenario.append(parse_fault({"mtbf": {"hours": mtbf_hours}}))
         options = SimOptions(
+            tenants=tuple(parse_tenant(spec) for spec in tenant or []),
+            admission=admission,
             faults=tuple(scenario),
             seed=run_seed,
             sample_interval=sample_every,

@@ -12,12 +12,11 @@ through :func:`~gpufleet.policy.saturation`, at or above ``admission.saturation`
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable
 
-from gpufleet.fleet import FleetView, ReplicaLoad
+from gpufleet.fleet import FleetView
 from gpufleet.gateway._tenancy_errors import AdmissionError
-from gpufleet.policy import AdmissionConfig, FairQueue, Ticket, pool_utilisation, saturation
+from gpufleet.policy import AdmissionConfig, FairQueue, PoolGauge, Ticket
 
 _TICK = 0.05
 """Seconds between two looks at a non-empty queue (deadlines, and room a scrape shows)."""
@@ -36,6 +35,7 @@ class AdmissionGate:
         self.model = model
         self.config = config
         self.queue = FairQueue(config)
+        self._gauge = PoolGauge(config)
         self.in_flight = 0
         self._view = view
         self._clock = clock
@@ -43,13 +43,8 @@ class AdmissionGate:
         self._timer: asyncio.TimerHandle | None = None
 
     def saturated(self) -> bool:
-        routable = self._view().routable(self.model)
-        if not routable:
-            return False  # nothing to wait for: the router answers 503 at once
-        seqs = self.config.max_num_seqs
-        scraped = pool_utilisation(routable, seqs) or 0.0
-        own = saturation(ReplicaLoad(in_flight=math.ceil(self.in_flight / len(routable))), seqs)
-        return max(scraped, own) >= self.config.saturation
+        # No routable replica: not saturated (nothing to wait for: the router answers 503).
+        return self._gauge.saturated(self._view().routable(self.model), self.in_flight)
 
     async def enter(self, ticket: Ticket) -> None:
         """Return when ``ticket`` may start; raise :class:`AdmissionError` if it may not."""

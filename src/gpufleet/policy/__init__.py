@@ -15,7 +15,14 @@ fields. The gateway and the fleet simulator drive the same objects.
   on a virtual token counter) and :class:`TenantQuota` (rpm, tpm, concurrency) (docs/tenants.md).
 """
 
-from gpufleet.policy._admission import CLASSES, AdmissionConfig, FairQueue, Ticket
+from gpufleet.policy._admission import (
+    CLASSES,
+    AdmissionConfig,
+    FairQueue,
+    PoolGauge,
+    Ticket,
+    pool_saturated,
+)
 from gpufleet.policy._autoscale import (
     SCALED,
     AutoscalePolicy,
@@ -108,6 +115,7 @@ __all__ = [
     "LeastRequestConfig",
     "LeastRequestRouter",
     "OutlierConfig",
+    "PoolGauge",
     "PoolView",
     "PrefixAwareConfig",
     "PrefixAwareRouter",
@@ -143,6 +151,7 @@ __all__ = [
     "kv_scores",
     "make_router",
     "parse_router_config",
+    "pool_saturated",
     "pool_utilisation",
     "redundancy",
     "redundancy_floor",

@@ -21,15 +21,23 @@ starves the others.
 
 Classes are strict: ``interactive`` (0) before ``batch`` (1). A full queue sheds the lowest
 class first: the newest ticket, in the lowest class present (newcomer included), of the
-tenant with the largest counter (the newcomer on a tie).
+tenant whose counter would be largest once its queued tickets in that class were served
+(its counter plus their estimates over their weights; the newcomer on a tie). A light
+tenant just served can have a larger counter than a heavy one for a moment; it is the
+heavy tenant's long backlog that the queue is full of, so that is what goes.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.fleet import ReplicaLoad, ReplicaView
+from gpufleet.policy._autoscale_saturation import pool_utilisation, saturation
 
 CLASSES = ("interactive", "batch")
 """Priority classes, highest first; a ticket's ``priority`` indexes this."""
@@ -52,6 +60,59 @@ class AdmissionConfig(BaseModel):
     ``x-gpufleet-deadline-ms`` may ask for less)."""
     output_weight: float = Field(2.0, ge=0.0)
     """An output token's cost in prompt tokens in the fair-share counter (VTC's w_q/w_p)."""
+
+
+def pool_saturated(
+    routable: Sequence[ReplicaView],
+    in_flight: int,
+    config: AdmissionConfig,
+    since_scrape: int = 0,
+) -> bool:
+    """Whether a pool's requests must queue: the shared saturation definition.
+
+    The larger of the pool's :func:`pool_utilisation` from its replicas' last scrape and the
+    admitting side's own count of requests let in (``in_flight``) spread over ``routable``
+    (a scrape lags; the count does not), at or above ``config.saturation``. The scrape is
+    moved by ``since_scrape``, the change of the own count since it was taken (requests
+    started minus requests ended): without that, a scrape taken while the pool was full
+    would hold every queued request back until the next scrape, though requests ended
+    since. With no routable replica nothing is saturated (nothing to wait for: routing
+    refuses). The gateway's gate and the simulator's call this same function
+    (through :class:`PoolGauge`).
+    """
+    if not routable:
+        return False
+    seqs = config.max_num_seqs
+    scraped = pool_utilisation(routable, seqs)
+    if scraped is not None:
+        scraped += since_scrape / (len(routable) * seqs)
+    own = saturation(ReplicaLoad(in_flight=math.ceil(in_flight / len(routable))), seqs)
+    return max(scraped or 0.0, own) >= config.saturation
+
+
+class PoolGauge:
+    """One pool's :func:`pool_saturated`, remembering the own count at the latest scrape.
+
+    A scrape is new when the latest ``observed_at`` of the routable replicas' loads moves;
+    the own count then is the base that later changes are measured from.
+    """
+
+    __slots__ = ("_base", "_seen", "config")
+
+    def __init__(self, config: AdmissionConfig) -> None:
+        self.config = config
+        self._seen: float | None = None
+        self._base = 0
+
+    def saturated(self, routable: Sequence[ReplicaView], in_flight: int) -> bool:
+        seen = max(
+            (r.load.observed_at for r in routable if r.load.observed_at is not None),
+            default=None,
+        )
+        if seen != self._seen:
+            self._seen = seen
+            self._base = in_flight
+        return pool_saturated(routable, in_flight, self.config, in_flight - self._base)
 
 
 @dataclass(slots=True)
@@ -78,6 +139,8 @@ class FairQueue:
         self.counters: dict[str, float] = {}
         self._queues: list[dict[str, deque[Ticket]]] = [{} for _ in CLASSES]
         self._size = 0
+        self._backlog: list[dict[str, float]] = [{} for _ in CLASSES]
+        """Per class and tenant: the queued tickets' estimates over their weights."""
         self._seq = 0
         self._floor = 0.0
 
@@ -108,6 +171,7 @@ class FairQueue:
         self._seq += 1
         ticket.seq = self._seq
         self._queues[ticket.priority].setdefault(ticket.tenant, deque()).append(ticket)
+        self._queued(ticket, 1)
         self._size += 1
         return shed
 
@@ -122,14 +186,30 @@ class FairQueue:
         lowest = max(
             [newcomer.priority, *(p for p, q in enumerate(self._queues) if q)],
         )
-        best = newcomer if newcomer.priority == lowest else None
-        best_counter = self.counters.get(newcomer.tenant, 0.0) if best is not None else -1.0
+        backlog = self._backlog[lowest]
+        best: Ticket | None = None
+        best_projected = -1.0
+        if newcomer.priority == lowest:
+            best = newcomer
+            best_projected = (
+                self.counters.get(newcomer.tenant, 0.0)
+                + backlog.get(newcomer.tenant, 0.0)
+                + newcomer.prompt_estimate / newcomer.weight
+            )
         for tenant, waiting in self._queues[lowest].items():
-            counter = self.counters.get(tenant, 0.0)
-            if counter > best_counter:
-                best, best_counter = waiting[-1], counter
+            projected = self.counters.get(tenant, 0.0) + backlog[tenant]
+            if projected > best_projected:
+                best, best_projected = waiting[-1], projected
         assert best is not None
         return best
+
+    def _queued(self, ticket: Ticket, sign: int) -> None:
+        backlog = self._backlog[ticket.priority]
+        left = backlog.get(ticket.tenant, 0.0) + sign * ticket.prompt_estimate / ticket.weight
+        if ticket.tenant in self._queues[ticket.priority]:
+            backlog[ticket.tenant] = left
+        else:
+            backlog.pop(ticket.tenant, None)  # nothing queued: no rounding left behind
 
     def discard(self, ticket: Ticket) -> bool:
         """Take a waiting ticket out (its client left); whether it was waiting."""
@@ -145,6 +225,7 @@ class FairQueue:
         waiting.remove(ticket)
         if not waiting:
             del queues[ticket.tenant]
+        self._queued(ticket, -1)
         self._size -= 1
 
     # -- departures -------------------------------------------------------------------------
@@ -161,6 +242,7 @@ class FairQueue:
             ticket = waiting.popleft()
             if not waiting:
                 del queues[tenant]
+            self._queued(ticket, -1)
             self._size -= 1
             self.start(ticket)
             return ticket

@@ -3,6 +3,7 @@
 docs/design/sim-kernel.md explains the kernel and the driver, docs/traces.md the traces.
 """
 
+from gpufleet.sim._admission import SimAdmission, SimTenant, TenantMix, parse_tenant
 from gpufleet.sim._arrivals import ArrivalProcess
 from gpufleet.sim._autoscale import Autoscaling, Instance, Phase
 from gpufleet.sim._faults import (
@@ -16,7 +17,14 @@ from gpufleet.sim._faults import (
     load_faults,
     parse_fault,
 )
-from gpufleet.sim._harness import Chooser, ChooserRouting, FleetHarness, RoundRobin, Routing
+from gpufleet.sim._harness import (
+    Chooser,
+    ChooserRouting,
+    FleetHarness,
+    Gate,
+    RoundRobin,
+    Routing,
+)
 from gpufleet.sim._kernel import NORMAL, URGENT, Event, Kernel, KernelClock, Part, ScheduledEvent
 from gpufleet.sim._plots import PLOTS, write_plots
 from gpufleet.sim._policy import (
@@ -60,6 +68,7 @@ __all__ = [
     "FaultInjector",
     "FleetHarness",
     "FleetSimulation",
+    "Gate",
     "Instance",
     "Kernel",
     "KernelClock",
@@ -76,10 +85,13 @@ __all__ = [
     "RoundRobin",
     "Routing",
     "ScheduledEvent",
+    "SimAdmission",
     "SimOptions",
     "SimPool",
+    "SimTenant",
     "SlowFault",
     "Spike",
+    "TenantMix",
     "TraceFormat",
     "TraceReader",
     "TraceRequest",
@@ -87,6 +99,7 @@ __all__ = [
     "load_faults",
     "load_trace",
     "parse_fault",
+    "parse_tenant",
     "replica_config",
     "synth_requests",
     "token_prefix_hashes",

@@ -74,6 +74,16 @@ class Routing(Protocol):
         ...
 
 
+class Gate(Protocol):
+    """What stands between an arrival and its routing (the gateway's admission queue,
+    :class:`~gpufleet.sim.SimAdmission`): it starts the request now or later through
+    :meth:`FleetHarness.dispatch`, or refuses it through :meth:`FleetHarness.refuse`."""
+
+    def arrive(
+        self, now: float, index: int, request: TraceRequest, prompt: tuple[int, ...]
+    ) -> list[ScheduledEvent]: ...
+
+
 class ChooserRouting:
     """A plain ``choose`` function as a :class:`Routing` (it never hears of ends)."""
 
@@ -147,6 +157,7 @@ class FleetHarness:
         "_trace",
         "drivers",
         "failed",
+        "gate",
         "kernel",
         "live",
         "prompts",
@@ -190,6 +201,8 @@ class FleetHarness:
         """Requests that ended in an error (no replica, retries spent, lost mid-stream)."""
         self._requests: dict[int, tuple[tuple[int, ...], int]] = {}
         """Prompt and output length of each request inside a replica (to retry it)."""
+        self.gate: Gate | None = None
+        """Admission in front of routing (None: every arrival is routed at once)."""
 
     @property
     def active(self) -> bool:
@@ -248,12 +261,31 @@ class FleetHarness:
         drivers = self.drivers
         prompt = self.prompts.prompt(index, request)
         self.live += 1
+        gate = self.gate
+        if gate is not None:
+            return gate.arrive(now, index, request, prompt) + self._next_arrival()
         chosen = self.routing.route(now, index, request, prompt, drivers)
         if chosen is None:  # no replica can take it: the gateway's 503
             self._fail(now, index, None, now, None, len(prompt))
             return self._next_arrival()
         self._requests[index] = (prompt, request.output_tokens)
         return drivers[chosen].submit(now, index, self._new(index)) + self._next_arrival()
+
+    def dispatch(
+        self, now: float, index: int, request: TraceRequest, prompt: tuple[int, ...]
+    ) -> list[ScheduledEvent]:
+        """Route request ``index`` now (a gate lets it start); its latencies count from its
+        arrival. Call it from a shared event."""
+        chosen = self.routing.route(now, index, request, prompt, self.drivers)
+        if chosen is None:  # no replica can take it: the gateway's 503
+            self._fail(now, index, None, request.arrival_s, None, len(prompt))
+            return []
+        self._requests[index] = (prompt, request.output_tokens)
+        return self.drivers[chosen].submit(now, index, self._new(index), request.arrival_s)
+
+    def refuse(self, now: float, index: int, request: TraceRequest, input_tokens: int) -> None:
+        """A gate refuses request ``index`` (shed, or its deadline passed): an error row."""
+        self._fail(now, index, None, request.arrival_s, None, input_tokens)
 
     def lose(self, now: float, replica: int, lost: Sequence[Lost]) -> list[ScheduledEvent]:
         """Requests lost in a crash of ``replica``: each retried elsewhere, or an error.

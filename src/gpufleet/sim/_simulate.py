@@ -22,6 +22,7 @@ from gpufleet.catalog import CatalogError, get_gpu, get_model
 from gpufleet.config import FleetConfig, ModelConfig
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
 from gpufleet.fleet import ReplicaId, ReplicaState
+from gpufleet.sim._admission import RELEASE_TICK, SimAdmission, SimTenant, TenantMix
 from gpufleet.sim._autoscale import Autoscaling
 from gpufleet.sim._faults import Fault, FaultInjector, MtbfFault, fault_spec
 from gpufleet.sim._harness import FleetHarness
@@ -61,6 +62,14 @@ class SimOptions:
     autoscale_interval: float = 1.0
     """Simulated seconds between two decisions of each autoscaled pool (and at every
     decision's ``next_at``)."""
+    admission: bool | None = None
+    """The gateway's admission queue (``FairQueue``) in front of routing; None: on when the
+    fleet file's ``tenants.auth`` is (the gateway queues only with auth on)."""
+    tenants: tuple[SimTenant, ...] = ()
+    """Tenants' weights and classes (live: the store's), and their shares of the trace's
+    requests that name no tenant. With none, untagged requests are ``anonymous``."""
+    admission_tick: float = RELEASE_TICK
+    """Simulated seconds between two looks at a non-empty admission queue."""
 
 
 def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
@@ -127,11 +136,12 @@ class FleetSimulation:
         configs: list[ReplicaConfig] = []
         gpus: list[int] = []
         self._configs = {}
+        admitting = fleet.tenants.auth if options.admission is None else options.admission
         for entry in fleet.models:
             config = replica_config(entry, options.seed)
             self._configs[entry.name] = config
             count = entry.replica_count
-            scaled = entry.autoscale is not None
+            scaled = entry.autoscale is not None or admitting  # both read the scrapes
             pools.append(SimPool(entry.name, entry.routing, count, entry.health, scaled))
             models.extend(ReplicaModel(config) for _ in range(count))
             configs.extend([config] * count)
@@ -148,8 +158,21 @@ class FleetSimulation:
             models,
             PromptBuilder(vocab, options.seed),
             routing=self.routing,
-            fast_forward=options.fast_forward,
+            # A queued request starts the instant another ends, on any replica: no replica
+            # may run ahead of the fleet while admission is on (sim/_admission.py).
+            fast_forward=options.fast_forward and not admitting,
         )
+        self.admission: SimAdmission | None = None
+        """Tenants and the admission queue (None: neither asked for)."""
+        if admitting or options.tenants:
+            self.admission = SimAdmission(
+                self.routing,
+                fleet.tenants.admission,
+                TenantMix(options.tenants, options.seed),
+                enabled=admitting,
+                tick=options.admission_tick,
+            )
+            self.admission.attach(self.harness)
         known = set(self.replica_ids)
         for fault in options.faults:
             if not isinstance(fault, MtbfFault) and fault.replica not in known:
@@ -212,10 +235,16 @@ class FleetSimulation:
         self.harness.every(self.options.sample_interval, self._sample)
         self.faults.start(self.options.faults)
 
+    @property
+    def arrived(self) -> int:
+        """Requests that reached the gateway so far (routed, or held by admission)."""
+        admission = self.admission
+        return self.routing.routed if admission is None else admission.arrived
+
     def check(self) -> list[str]:
         """The global checks of a finished run: every request that arrived ended exactly
         once, in a response or an error. Violations, as sentences (none: an empty list)."""
-        arrived = self.routing.routed
+        arrived = self.arrived
         seen = bytearray(arrived)
         problems: list[str] = []
         for record in self.harness.recorder.log:
@@ -239,7 +268,7 @@ class FleetSimulation:
     def _sample(self, now: float) -> None:
         timeline, drivers = self.timeline, self.harness.drivers
         timeline.t.append(now)
-        delivered = self.routing.routed
+        delivered = self.arrived
         timeline.arrivals.append(delivered - self._arrived_at_sample)
         self._arrived_at_sample = delivered
         timeline.in_flight.append(self.harness.live)
@@ -517,6 +546,9 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
             "matched_prefix_blocks": sim.routing.matched_blocks,
         },
         "faults": _faults_report(sim),
+        **(
+            {} if sim.admission is None else {"tenants": sim.admission.report(recorder.log, _q, _r)}
+        ),
         "digest": recorder.digest(),
     }
 

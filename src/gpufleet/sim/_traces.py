@@ -48,6 +48,9 @@ class TraceRequest:
     """Names of the prompt's 512-token blocks: equal ids are equal blocks (Mooncake)."""
     session: str | None = None
     model: str | None = None
+    tenant: str | None = None
+    """Who sent it (gpufleet JSONL ``tenant``): the simulated gateway's admission queue
+    shares the fleet fairly between tenants (docs/simulator.md, "Tenants and admission")."""
 
 
 class TraceFormat(StrEnum):
@@ -157,8 +160,8 @@ def detect_format(path: str | Path) -> TraceFormat:
 
 # -- the common pipeline ----------------------------------------------------------------
 
-_Row = tuple[int, float, int, int, tuple[int, ...] | None, str | None, str | None]
-"""(line, arrival seconds, input tokens, output tokens, hash ids, session, model)."""
+_Row = tuple[int, float, int, int, tuple[int, ...] | None, str | None, str | None, str | None]
+"""(line, arrival seconds, input tokens, output tokens, hash ids, session, model, tenant)."""
 
 
 def _requests(
@@ -170,7 +173,7 @@ def _requests(
     end = math.inf if duration is None else duration
     last = -math.inf
     try:
-        for line, arrival, input_tokens, output_tokens, hashes, session, model in rows:
+        for line, arrival, input_tokens, output_tokens, hashes, session, model, tenant in rows:
             if times is not None:
                 at = next(times)
             else:
@@ -183,7 +186,7 @@ def _requests(
                 at = arrival / rate_scale
             if at >= end:
                 return
-            yield TraceRequest(at, input_tokens, output_tokens, hashes, session, model)
+            yield TraceRequest(at, input_tokens, output_tokens, hashes, session, model, tenant)
     except UnicodeDecodeError as error:
         raise _not_text(path, error) from None
 
@@ -291,6 +294,7 @@ def _azure_rows(path: Path, reader: TraceReader) -> Iterator[_Row]:
                 None,
                 None,
                 None,
+                None,
             )
 
 
@@ -310,7 +314,7 @@ def _burstgpt_rows(path: Path, reader: TraceReader) -> Iterator[_Row]:
                 reader.skipped += 1  # BurstGPT marks a failed request by 0 response tokens
                 continue
             model = table.cell(row, "Model") or None
-            yield line, arrival - origin, request_tokens, response_tokens, None, None, model
+            yield line, arrival - origin, request_tokens, response_tokens, None, None, model, None
 
 
 def _lengths_rows(path: Path, reader: TraceReader) -> Iterator[_Row]:
@@ -327,6 +331,7 @@ def _lengths_rows(path: Path, reader: TraceReader) -> Iterator[_Row]:
                 0.0,
                 table.int(line, row, prompt, 1),
                 table.int(line, row, output, 1),
+                None,
                 None,
                 None,
                 None,
@@ -443,11 +448,12 @@ def _mooncake_rows(path: Path, reader: TraceReader) -> Iterator[_Row]:
             _json_hashes(path, line, record, "hash_ids"),
             None,
             None,
+            None,
         )
 
 
 JSONL_KEYS = frozenset(
-    {"arrival_s", "input_tokens", "output_tokens", "hash_ids", "session", "model"}
+    {"arrival_s", "input_tokens", "output_tokens", "hash_ids", "session", "model", "tenant"}
 )
 """Every key a gpufleet JSONL record may have (docs/traces.md)."""
 
@@ -469,6 +475,7 @@ def _jsonl_rows(path: Path, reader: TraceReader) -> Iterator[_Row]:
             _json_hashes(path, line, record, "hash_ids"),
             _json_text(path, line, record, "session"),
             _json_text(path, line, record, "model"),
+            _json_text(path, line, record, "tenant"),
         )
 
 
