@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,3 +153,36 @@ def test_a_failing_database_keeps_the_records_for_the_next_flush(tmp_path: Path)
     journal.close()
     assert calls == [1, 2]
     assert journal.failures == 1
+
+
+def test_append_never_waits_for_the_flushers_fsync(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``append`` runs on the gateway's event loop: a slow disk (a stand-in ``fsync`` that
+    blocks until released; a real one cannot be made slow on demand) must not stall it."""
+    syncing, release = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        syncing.set()
+        release.wait(10)
+        real_fsync(fd)
+
+    journal = store.journal(tmp_path / "journal", flush_interval=3600)
+    journal.start()
+    journal.append("usage", usage_row("before"))
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    flusher = threading.Thread(target=journal.flush)
+    flusher.start()
+    try:
+        assert syncing.wait(5)
+        appender = threading.Thread(target=journal.append, args=("usage", usage_row("during")))
+        appender.start()
+        appender.join(2.0)
+        assert not appender.is_alive(), "append waited for the fsync"
+    finally:
+        release.set()
+        flusher.join()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    journal.close()
+    assert store.usage_ids() == {"before", "during"}

@@ -96,7 +96,8 @@ class Journal:
     """One writer's journal and the thread that flushes it into ``sink``.
 
     ``append`` is called on the event loop's thread (it takes a lock the flusher holds only
-    to swap the file, microseconds); ``close`` flushes what is left.
+    to swap the file, microseconds: the fsync of the sealed file happens outside it);
+    ``close`` flushes what is left.
     """
 
     def __init__(self, root: Path, sink: Sink, *, flush_interval: float = 0.05) -> None:
@@ -142,19 +143,23 @@ class Journal:
 
     def flush(self) -> None:
         """Move what was appended into the sink (the flusher calls this every interval)."""
+        old_fd = -1
         with self._lock:
             batch, self._pending = self._pending, []
             if self._written:
                 # rotate: the sealed file holds exactly the records of this batch and earlier
-                # unflushed ones, so it can go once they are committed
-                os.fsync(self._fd)
-                os.close(self._fd)
+                # unflushed ones, so it can go once they are committed. Only the swap is under
+                # the lock; the fsync (milliseconds on a busy disk) is not, so ``append`` on
+                # the event loop never waits for the disk.
                 self._seq += 1
                 sealed = self._dir / f"sealed-{self._seq}.jsonl"
                 os.rename(self._dir / _OPEN, sealed)
                 self._sealed.append(sealed)
-                self._fd = self._open()
+                old_fd, self._fd = self._fd, self._open()
                 self._written = False
+        if old_fd >= 0:
+            os.fsync(old_fd)
+            os.close(old_fd)
         self._unflushed.extend(batch)
         if not self._unflushed:
             return
