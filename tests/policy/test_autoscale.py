@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+from collections.abc import Iterable
 
 import pytest
 from pydantic import ValidationError
@@ -18,6 +20,7 @@ from gpufleet.policy import (
     ScaleProposal,
     Standby,
     choose_drain,
+    decision_record,
     pool_utilisation,
     redundancy_floor,
     saturation,
@@ -313,3 +316,62 @@ def test_time_going_back_is_a_bug() -> None:
     policy.decide(5.0, pool(2, 0.5))
     with pytest.raises(ValueError, match="before the last decision"):
         policy.decide(4.0, pool(2, 0.5))
+
+
+# -- one pool view, one decision record, for every shell ---------------------------------------
+
+
+def test_pool_view_of_overlays_the_shells_in_flight_and_appends_what_still_starts() -> None:
+    from gpufleet.fleet import FleetView  # noqa: PLC0415 - only here
+
+    a, b = ReplicaView(rid(0), MODEL, S.READY, load_at(0.5)), ReplicaView(rid(1), MODEL, S.READY)
+    other = ReplicaView(rid(9), "other", S.READY)
+    view = FleetView.of(0.0, (a, b, other))
+    counts = {rid(0): 0, rid(1): 4}
+    standby = (Standby(rid(7), ready=True, since=1.0),)
+    pool = PoolView.of(
+        view,
+        MODEL,
+        in_flight=counts.__getitem__,
+        starting=(rid(5),),
+        demand=2.0,
+        standbys=standby,
+        held=3,
+    )
+    assert [r.id for r in pool.replicas] == [rid(0), rid(1), rid(5)]
+    assert pool.replicas[0] is a  # unchanged count: the same object
+    assert pool.replicas[1].load.in_flight == 4
+    assert pool.replicas[2].state is S.STARTING
+    assert (pool.demand, pool.standbys, pool.held) == (2.0, standby, 3)
+    assert PoolView.of(view, MODEL).replicas == (a, b)  # no overlay: the view's pool
+
+
+def test_a_decision_measures_utilisation_with_the_shared_pool_utilisation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gpufleet.policy._autoscale as autoscale  # noqa: PLC0415 - only here
+
+    calls: list[int] = []
+
+    def spy(replicas: Iterable[ReplicaView], seqs: int) -> float | None:
+        listed = list(replicas)
+        calls.append(len(listed))
+        return pool_utilisation(listed, seqs)
+
+    monkeypatch.setattr(autoscale, "pool_utilisation", spy)
+    decision = AutoscalePolicy(config()).decide(0.0, pool(3, 0.4, starting=1))
+    assert calls == [3]
+    assert decision.inputs.utilisation == pytest.approx(0.4)
+
+
+def test_the_decision_record_carries_the_decision_its_inputs_and_the_pools_queue() -> None:
+    standby = (Standby(rid(7), ready=True, since=1.0),)
+    view = PoolView(MODEL, pool(2, 0.9).replicas, 1.5, standby, held=2)
+    decision = AutoscalePolicy(config(prewarm=1)).decide(10.0, view)
+    record = decision_record(decision, view)
+    assert json.loads(json.dumps(record)) == record  # JSON as it is
+    assert record["model"] == MODEL
+    assert (record["current"], record["desired"]) == (2, decision.desired)
+    assert (record["held"], record["standbys"]) == (2, 1)
+    assert record["direction"] == decision.direction.value
+    assert record["utilisation"] == pytest.approx(0.9)

@@ -225,3 +225,20 @@ def test_simulate_cli_compares_a_static_and_an_autoscaled_fleet(tmp_path: Path) 
     assert (tmp_path / "out" / "scaled" / "replicas.png").read_bytes()[:4] == b"\x89PNG"
     compare = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert set(compare["fleets"]) == {"static", "scaled"}
+
+
+def test_report_events_are_the_gateways_decision_records(stepped: FleetSimulation) -> None:
+    """One record for a scale decision, live or simulated (``policy.decision_record``)."""
+    from gpufleet.policy import decision_record  # noqa: PLC0415 - only here
+
+    pool = stepped.autoscaling.pools[MODEL]
+    assert pool.last is not None
+    view = stepped.autoscaling.pool_view(MODEL, 0.0)
+    expected = decision_record(pool.last, view).keys()
+    events = stepped.report({})["autoscale"][MODEL]["events"]
+    assert events
+    for event in events:
+        assert event.keys() == expected
+        assert event["model"] == MODEL
+        assert event["held"] == 0  # the simulator holds no request
+    assert {e["direction"] for e in events} == {"up", "down"}

@@ -12,7 +12,6 @@ from gpufleet.gateway._autoscale import (
     AutoscaleController,
     AutoscaleMetrics,
     ScaleActuator,
-    decision_record,
 )
 from gpufleet.gateway._errors import (
     BadRequestError,
@@ -36,6 +35,7 @@ from gpufleet.gateway._upstream import (
     UpstreamRequest,
     UpstreamResponse,
 )
+from gpufleet.policy import decision_record  # the autoscaler's log line (shared with the sim)
 
 __all__ = [
     "SERVER_OPTIONS",

@@ -5,7 +5,7 @@ in-flight counts, the arrivals it counted, the requests it holds — so the loop
 
     every `autoscaler.interval` s (sooner at decision.next_at, or when a request is held
     at an empty pool):
-        pool = PoolView(model, replicas with in-flight, demand, standbys, held)
+        pool = PoolView.of(view, model, in_flight=…, demand=…, standbys=…, held=…)
         decision = policy.decide(now, pool)
         actuator.promote(model, decision.promote)            # standbys join in seconds
         actuator.scale(model, decision.desired, decision.drain)   # cold starts, drains
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -30,7 +29,7 @@ from typing import Final, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpufleet.config import FleetConfig
-from gpufleet.fleet import ReplicaId, ReplicaView
+from gpufleet.fleet import ReplicaId
 from gpufleet.gateway._errors import NoReplicaError
 from gpufleet.gateway._state import FleetState
 from gpufleet.policy import (
@@ -40,6 +39,7 @@ from gpufleet.policy import (
     ScaleDecision,
     ScaleDirection,
     Standby,
+    decision_record,
 )
 
 logger = logging.getLogger("gpufleet.autoscale")
@@ -245,23 +245,20 @@ class AutoscaleController:
         elapsed = None if pool.last_at is None else now - pool.last_at
         demand = pool.arrivals / elapsed if elapsed and elapsed > 0 else 0.0
         pool.arrivals, pool.last_at = 0, now
-        standbys = self._actuator.standbys(model)
-        view = PoolView(model, self._replicas(model), demand, standbys, pool.held)
+        view = PoolView.of(
+            self._fleet.view,
+            model,
+            in_flight=self._in_flight,
+            demand=demand,
+            standbys=self._actuator.standbys(model),
+            held=pool.held,
+        )
         decision = pool.policy.decide(now, view)
         pool.last = decision
         self._act(model, decision)
-        self._log(decision, pool.held, len(standbys))
-        self._export(model, decision, pool, len(standbys), now)
+        self._log(decision, view)
+        self._export(model, decision, pool, len(view.standbys), now)
         return decision
-
-    def _replicas(self, model: str) -> tuple[ReplicaView, ...]:
-        """The pool in the routing view, with the gateway's in-flight count in each load."""
-        return tuple(
-            dataclasses.replace(r, load=dataclasses.replace(r.load, in_flight=n))
-            if (n := self._in_flight(r.id)) != r.load.in_flight
-            else r
-            for r in self._fleet.view.pool(model)
-        )
 
     def _act(self, model: str, decision: ScaleDecision) -> None:
         if decision.promote:
@@ -310,7 +307,7 @@ class AutoscaleController:
             pool.up_since, pool.up_target = None, 0  # no longer wanted: not a lag
 
     @staticmethod
-    def _log(decision: ScaleDecision, held: int, standbys: int) -> None:
+    def _log(decision: ScaleDecision, view: PoolView) -> None:
         acted = (
             decision.direction is not ScaleDirection.HOLD
             or decision.promote
@@ -319,35 +316,4 @@ class AutoscaleController:
         )
         level = logging.INFO if acted else logging.DEBUG
         if logger.isEnabledFor(level):
-            logger.log(level, "autoscale %s", json.dumps(decision_record(decision, held, standbys)))
-
-
-def decision_record(decision: ScaleDecision, held: int, standbys: int) -> dict[str, object]:
-    """A decision and its inputs as one flat JSON-able mapping (the log line)."""
-    inputs, forecast = decision.inputs, decision.forecast
-    return {
-        "model": decision.model,
-        "at": round(decision.now, 3),
-        "direction": decision.direction.value,
-        "desired": decision.desired,
-        "current": inputs.current,
-        "ready": inputs.ready,
-        "bound_by": decision.bound_by.value,
-        "reason": decision.reason,
-        "utilisation": None if inputs.utilisation is None else round(inputs.utilisation, 4),
-        "panic_utilisation": round(inputs.panic_utilisation, 4),
-        "stable_load": round(inputs.stable_load, 4),
-        "panic_load": round(inputs.panic_load, 4),
-        "demand": round(inputs.demand, 4),
-        "capacity": None if inputs.capacity is None else round(inputs.capacity, 4),
-        "panic": inputs.panic,
-        "held": held,
-        "standbys": standbys,
-        "forecast": None if forecast is None else round(forecast.demand, 4),
-        "forecast_replicas": decision.forecast_replicas,
-        "promote": list(decision.promote),
-        "cold_starts": decision.cold_starts,
-        "prewarm_starts": decision.prewarm_starts,
-        "drain": list(decision.drain),
-        "next_at": None if decision.next_at is None else round(decision.next_at, 3),
-    }
+            logger.log(level, "autoscale %s", json.dumps(decision_record(decision, view)))

@@ -41,6 +41,7 @@ from gpufleet.policy._autoscale import (
 )
 from gpufleet.policy._autoscale_config import AutoscaleConfig, ForecastConfig
 from gpufleet.policy._autoscale_forecast import DemandForecaster, Forecast, ForecastSnapshot
+from gpufleet.policy._autoscale_record import decision_record
 from gpufleet.policy._autoscale_saturation import pool_utilisation, saturation
 from gpufleet.policy._breaker import BreakerPhase, BreakerState, EjectionCause, ejection_time
 from gpufleet.policy._config import (
@@ -145,6 +146,7 @@ __all__ = [
     "Ticket",
     "UtilisationSample",
     "choose_drain",
+    "decision_record",
     "ejection_limit",
     "ejection_time",
     "in_panic",

@@ -14,8 +14,10 @@ service, not draining). See docs/design/autoscaling.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
@@ -23,7 +25,7 @@ from typing import Final
 from gpufleet.fleet import IN_SERVICE, ROUTABLE, FleetView, ReplicaId, ReplicaState, ReplicaView
 from gpufleet.policy._autoscale_config import AutoscaleConfig
 from gpufleet.policy._autoscale_forecast import DemandForecaster, Forecast, ForecastSnapshot
-from gpufleet.policy._autoscale_saturation import saturation
+from gpufleet.policy._autoscale_saturation import pool_utilisation
 
 SCALED: Final = IN_SERVICE | {ReplicaState.STARTING}
 """States that count toward a pool's replicas: capacity now, or soon (not draining)."""
@@ -64,11 +66,27 @@ class PoolView:
         cls,
         view: FleetView,
         model: str,
+        *,
+        in_flight: Callable[[ReplicaId], int] | None = None,
+        starting: Iterable[ReplicaId] = (),
         demand: float = 0.0,
         standbys: tuple[Standby, ...] = _NO_STANDBYS,
         held: int = 0,
     ) -> PoolView:
-        return cls(model, view.pool(model), demand, standbys, held)
+        """The pool as every shell builds it: ``model``'s replicas in the routing view, each
+        with the shell's own ``in_flight`` count (fresher than the view's, which is as of its
+        last build), then the ``starting`` replicas the view does not list yet (the
+        simulator's cold starts), as ``STARTING``."""
+        replicas = view.pool(model)
+        if in_flight is not None:
+            replicas = tuple(
+                dataclasses.replace(r, load=dataclasses.replace(r.load, in_flight=n))
+                if (n := in_flight(r.id)) != r.load.in_flight
+                else r
+                for r in replicas
+            )
+        extra = tuple(ReplicaView(rid, model, ReplicaState.STARTING) for rid in starting)
+        return cls(model, replicas + extra if extra else replicas, demand, standbys, held)
 
 
 class ScaleGuard(StrEnum):
@@ -266,11 +284,7 @@ class AutoscalePolicy:
         config, state = self.config, self._state
         ready = [r for r in pool.replicas if r.state in ROUTABLE]
         current = sum(1 for r in pool.replicas if r.state in SCALED)
-        utilisation = (
-            sum(saturation(r.load, config.max_num_seqs) for r in ready) / len(ready)
-            if ready
-            else None
-        )
+        utilisation = pool_utilisation(ready, config.max_num_seqs)
         if utilisation is not None:
             state.samples.append(UtilisationSample(now, len(ready), utilisation, pool.demand))
         while state.samples and state.samples[0].at <= now - config.stable_window:

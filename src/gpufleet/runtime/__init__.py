@@ -8,8 +8,9 @@ everything on the way out. Its decisions come from ``reconcile``, a pure functio
 ``now``, the desired replicas and the observed processes. See docs/design/local-runtime.md.
 """
 
+from gpufleet.runtime._drain import in_flight
 from gpufleet.runtime._launch import LaunchPlan, launch_plan
-from gpufleet.runtime._local import LocalRuntime, in_flight
+from gpufleet.runtime._local import LocalRuntime
 from gpufleet.runtime._members import PoolMembers
 from gpufleet.runtime._metrics import RuntimeMetrics
 from gpufleet.runtime._reconcile import (

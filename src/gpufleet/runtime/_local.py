@@ -24,7 +24,8 @@ from typing import Any, Final, Self
 import httpx
 from prometheus_client import CollectorRegistry
 
-from gpufleet.fleet import ReplicaId, ReplicaState, read_engine_metrics
+from gpufleet.fleet import ReplicaId, ReplicaState
+from gpufleet.runtime._drain import in_flight, wait_idle
 from gpufleet.runtime._launch import (
     die_with_parent,
     find_url,
@@ -70,9 +71,6 @@ _DEFAULT_SETTINGS: Final = RuntimeSettings()
 
 _SHUTDOWN_MARGIN_S = 5.0
 """Extra wait, beyond drain + terminate timeouts, before a shutdown kills what is left."""
-_IDLE_READS = 2
-"""Consecutive idle ``/metrics`` reads (one probe interval apart) that end a drain; the second
-read covers a request the gateway sent just before it saw the replica draining."""
 
 
 class _Replica:
@@ -612,19 +610,21 @@ class LocalRuntime:
 
     async def _wait_idle(self, replica: _Replica, incarnation: int) -> None:
         """Poll a draining replica's ``/metrics`` until nothing runs or waits there."""
-        assert self._http is not None
-        assert replica.url is not None
-        idle_reads = 0
-        while replica.state.phase is Phase.DRAINING and replica.launches == incarnation:
-            busy: int | None = None
+        http, url = self._http, replica.url
+        assert http is not None
+        assert url is not None
+
+        async def read() -> int | None:
             with contextlib.suppress(httpx.HTTPError, ValueError):
-                busy = in_flight((await self._http.get(replica.url + "/metrics")).text)
-            idle_reads = idle_reads + 1 if busy == 0 else 0
-            if idle_reads >= _IDLE_READS:
-                replica.state = replace(replica.state, idle=True)
-                self._changed()
-                return
-            await asyncio.sleep(self.settings.probe_interval_s)
+                return in_flight((await http.get(url + "/metrics")).text)
+            return None
+
+        def draining() -> bool:
+            return replica.state.phase is Phase.DRAINING and replica.launches == incarnation
+
+        if await wait_idle(read, self.settings.probe_interval_s, draining=draining):
+            replica.state = replace(replica.state, idle=True)
+            self._changed()
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -748,11 +748,3 @@ def _ended(code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"was killed by {signal.Signals(-code).name}"
     return f"exited with status {code}"
-
-
-def in_flight(metrics_text: str) -> int | None:
-    """Running + waiting requests from an engine's Prometheus text (the names of
-    ``gpufleet.fleet.ENGINE_METRICS``: vLLM's, SGLang's); ``None`` when the engine exports
-    neither. A malformed sample line raises ``ValueError``."""
-    sample = read_engine_metrics(metrics_text)
-    return None if sample is None else sample.in_flight

@@ -24,7 +24,6 @@ with at least one replica and the policy keeps ``min_replicas``).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -33,8 +32,15 @@ from enum import StrEnum
 from typing import Any, Final
 
 from gpufleet.config import ModelConfig, StartupConfig
-from gpufleet.fleet import ReplicaId, ReplicaState, ReplicaView
-from gpufleet.policy import AutoscalePolicy, PoolView, ScaleDecision, ScaleDirection, Standby
+from gpufleet.fleet import ReplicaId
+from gpufleet.policy import (
+    AutoscalePolicy,
+    PoolView,
+    ScaleDecision,
+    ScaleDirection,
+    Standby,
+    decision_record,
+)
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
 from gpufleet.sim._policy import PolicyRouting
@@ -131,7 +137,7 @@ class PoolScaling:
     last_t: float = 0.0
     last_arrivals: int = 0
     decisions: int = 0
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, object]] = field(default_factory=list)
     scale_ups: int = 0
     scale_downs: int = 0
     promoted: int = 0
@@ -232,38 +238,40 @@ class Autoscaling:
         pool.decisions += 1
         pool.last = decision
         self._measure(now, pool, decision)
-        self._act(now, pool, decision)
+        self._act(now, pool, decision, view)
         nxt = decision.next_at
         if nxt is not None and (now < nxt) and (pool.wake_at is None or nxt < pool.wake_at):
             pool.wake_at = nxt
             self._harness.kernel.schedule(nxt, SCALE_PRIORITY, Wake(self, pool.model))
 
     def pool_view(self, model: str, demand: float) -> PoolView:
-        """The pool as the gateway's loop sees it: routing's view of each replica (state
-        after health, engine load as of the last scrape, in-flight count fresh), then the
-        replicas still starting, and the standbys."""
+        """The pool as the gateway's loop sees it (the same ``PoolView.of``): routing's view
+        of each replica (state after health, engine load as of the last scrape, in-flight
+        count fresh), then the replicas still starting, and the standbys."""
         routing, drivers = self._routing, self._harness.drivers
-        view, ids = routing.view, routing.replica_ids
-        replicas: list[ReplicaView] = []
-        for k in routing.members(model):
-            seen = view.replica(ids[k])
-            if seen is None:  # pragma: no cover - members are always in the view
-                continue
-            load = dataclasses.replace(seen.load, in_flight=drivers[k].num_requests)
-            replicas.append(ReplicaView(seen.id, model, seen.state, load))
+        ids = routing.replica_ids
+        driver_of = {ids[k]: k for k in routing.members(model)}
+        starting: list[ReplicaId] = []
         standbys: list[Standby] = []
         for inst in self.instances:
             if inst.model != model:
                 continue
             if inst.phase in STARTING_PHASES:
-                replicas.append(ReplicaView(inst.id, model, ReplicaState.STARTING))
+                starting.append(inst.id)
             elif inst.phase in STANDBY_PHASES:
                 ready = inst.phase is Phase.STANDBY
                 since = inst.ready_since if ready and inst.ready_since is not None else 0.0
                 standbys.append(Standby(inst.id, ready, since if ready else inst.provisioned_at))
-        return PoolView(model, tuple(replicas), demand, tuple(standbys))
+        return PoolView.of(
+            routing.view,
+            model,
+            in_flight=lambda rid: drivers[driver_of[rid]].num_requests,
+            starting=starting,
+            demand=demand,
+            standbys=tuple(standbys),
+        )
 
-    def _act(self, now: float, pool: PoolScaling, decision: ScaleDecision) -> None:
+    def _act(self, now: float, pool: PoolScaling, decision: ScaleDecision, view: PoolView) -> None:
         startup, events = pool.startup, []
         for rid in decision.promote:
             inst = self._by_id[rid]
@@ -294,7 +302,7 @@ class Autoscaling:
             else:
                 pool.scale_downs += 1
             if len(pool.events) < MAX_LOGGED_EVENTS:
-                pool.events.append(_event_record(decision))
+                pool.events.append(decision_record(decision, view))
 
     def _provision(self, now: float, model: str, phase: Phase, via: str) -> Instance:
         n = self._named[model]
@@ -454,28 +462,6 @@ _BILL_KEY: Final = {
     Phase.SERVING: "serving",
     Phase.DRAINING: "draining",
 }
-
-
-def _event_record(d: ScaleDecision) -> dict[str, Any]:
-    i = d.inputs
-    return {
-        "at": _r(d.now),
-        "direction": d.direction.value,
-        "from": i.current,
-        "to": d.desired,
-        "bound_by": d.bound_by.value,
-        "reason": d.reason,
-        "ready": i.ready,
-        "utilisation": _r(i.utilisation, 4),
-        "stable_load": _r(i.stable_load, 4),
-        "panic": i.panic,
-        "demand": _r(i.demand, 4),
-        "forecast_demand": None if d.forecast is None else _r(d.forecast.demand, 4),
-        "forecast_replicas": d.forecast_replicas,
-        "promote": list(d.promote),
-        "cold_starts": d.cold_starts,
-        "drain": list(d.drain),
-    }
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | int | None]:

@@ -15,8 +15,16 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 
-from gpufleet.fleet import ReplicaState
-from gpufleet.runtime import EngineKind, EngineSpec, PoolSpec, RuntimeSnapshot
+from gpufleet.fleet import ReplicaLoad, ReplicaState, ReplicaView
+from gpufleet.policy import AutoscaleConfig, AutoscalePolicy, PoolView, ScaleDirection
+from gpufleet.runtime import (
+    EngineKind,
+    EngineSpec,
+    Phase,
+    PoolSpec,
+    ReplicaStatus,
+    RuntimeSnapshot,
+)
 from gpufleet.runtime.kubernetes import (
     DELETION_COST,
     DELETION_COST_ANNOTATION,
@@ -100,7 +108,8 @@ async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 def states(snapshot: RuntimeSnapshot) -> dict[str, ReplicaState]:
-    return {r.name: r.state for r in snapshot.replicas if r.pool == POOL}
+    """The pool's pods (an EndpointSlice lists them: they have a URL)."""
+    return {r.name: r.state for r in snapshot.replicas if r.pool == POOL and r.url is not None}
 
 
 def fleet(**pods: ReplicaState) -> Callable[[RuntimeSnapshot], bool]:
@@ -155,6 +164,59 @@ async def test_scale_up_patches_the_deployment_scale(fake: FakeKubeApi) -> None:
         runtime.scale(POOL, 4)  # idempotent: nothing more to do
         await asyncio.sleep(0.1)
         assert len(fake.calls_to("PATCH", "/scale")) == 1
+
+
+def unseen(snapshot: RuntimeSnapshot) -> list[ReplicaStatus]:
+    """The pods the Deployment wants that no slice lists yet (published without a URL)."""
+    return [r for r in snapshot.replicas if r.pool == POOL and r.url is None]
+
+
+def pool_view(snapshot: RuntimeSnapshot, now: float) -> PoolView:
+    """The pool as the gateway's autoscaler sees it: every replica busy (one sequence of
+    one), a replica without a URL starting (as the gateway's fleet state makes it)."""
+    busy = ReplicaLoad(running=1, observed_at=now)
+    replicas = tuple(
+        ReplicaView(r.name, POOL, r.state, busy)
+        if r.url is not None
+        else ReplicaView(r.name, POOL, ReplicaState.STARTING)
+        for r in snapshot.replicas
+        if r.pool == POOL
+    )
+    return PoolView(POOL, replicas)
+
+
+async def test_a_pod_not_in_any_slice_yet_is_published_as_starting_so_the_autoscaler_waits(
+    fake: FakeKubeApi,
+) -> None:
+    """Operator mode used to publish only the pods of the slices: a pod waiting for a GPU
+    node (no IP) was missing, so every autoscaler tick saw too few and decided UP again."""
+    for pod in ("pod-a", "pod-b"):
+        fake.set_pod(SVC, pod)
+    config = AutoscaleConfig(min_replicas=2, max_replicas=3, max_num_seqs=1, stable_window=10)
+    policy = AutoscalePolicy(config)
+    async with serving(fake) as url, operator(fake, url) as runtime:
+        snapshot = await until(runtime, lambda s: len(s.ready(POOL)) == 2 and s.desired[POOL] == 2)
+        assert unseen(snapshot) == []
+        first = policy.decide(1.0, pool_view(snapshot, 1.0))
+        assert (first.direction, first.desired, first.cold_starts) == (ScaleDirection.UP, 3, 1)
+        runtime.scale(POOL, first.desired, first.drain)
+        await eventually(lambda: fake.scales[SVC] == 3)  # the third pod is pending: no slice
+        snapshot = await until(runtime, lambda s: s.desired[POOL] == 3)
+        (pending,) = unseen(snapshot)
+        assert (pending.state, pending.phase) == (ReplicaState.STARTING, Phase.STARTING)
+        assert len(snapshot.ready(POOL)) == 2  # never routed to
+
+        second = policy.decide(2.0, pool_view(snapshot, 2.0))
+        assert (second.direction, second.inputs.current, second.cold_starts) == (
+            ScaleDirection.HOLD,
+            3,
+            0,
+        )
+
+        fake.set_pod(SVC, "pod-c", ready=False)  # scheduled: an IP, loading its model
+        snapshot = await until(runtime, lambda s: "pod-c" in states(s))
+        assert unseen(snapshot) == []  # the pod replaces the placeholder
+    assert len(fake.calls_to("PATCH", "/scale")) == 1
 
 
 async def test_scale_down_drains_the_chosen_pod_then_marks_it_then_lowers_the_count(

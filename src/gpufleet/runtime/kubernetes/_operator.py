@@ -36,7 +36,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Gauge
 
 from gpufleet.fleet import ReplicaId, ReplicaState
-from gpufleet.runtime._local import in_flight
+from gpufleet.runtime._drain import in_flight, wait_idle
 from gpufleet.runtime._reconcile import Phase
 from gpufleet.runtime._snapshot import ReplicaStatus, RuntimeSnapshot
 from gpufleet.runtime._spec import EngineKind, PoolSpec
@@ -67,10 +67,6 @@ logger = logging.getLogger("gpufleet.runtime.kubernetes")
 Listener = Callable[[RuntimeSnapshot], None]
 InFlight = Callable[[str, str], Awaitable[int | None]]
 """``in_flight(pod, url)``: requests running or waiting on a replica; ``None`` if unknown."""
-
-_IDLE_READS: Final = 2
-"""Consecutive idle reads that end a drain; the second covers a request sent just before the
-gateway saw the pod draining (as the local runtime does)."""
 
 _STATE: Final = {
     PodState.STARTING: (ReplicaState.STARTING, Phase.STARTING),
@@ -367,16 +363,10 @@ class KubernetesRuntime:
                 self._wake.set()
 
     async def _drain(self, state: _PoolState, pod: str, url: str) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.drain_timeout_s
-        idle = 0
-        while loop.time() < deadline:
-            busy = await self._busy(pod, url)
-            idle = idle + 1 if busy == 0 else 0
-            if idle >= _IDLE_READS:
-                break
-            await asyncio.sleep(self.settings.probe_interval_s)
-        else:
+        try:
+            async with asyncio.timeout(self.settings.drain_timeout_s):
+                await wait_idle(lambda: self._busy(pod, url), self.settings.probe_interval_s)
+        except TimeoutError:
             logger.warning(
                 "pool %s: pod %s still busy after %.0f s of drain; removing it anyway",
                 state.pool.name,
@@ -421,12 +411,16 @@ class KubernetesRuntime:
                 ]
                 desired[spec.name] = spec.replicas
                 continue
+            live = 0
             for pod in self._pods:
                 if pod.pool == spec.name:
                     shown = PodState.TERMINATING if pod.name in state.draining else pod.state
                     replicas.append(_status(spec, ReplicaId(pod.name), pod.url, shown))
+                    live += shown is not PodState.TERMINATING
             wanted = state.desired.count if state.desired is not None else state.scale
             desired[spec.name] = spec.replicas if wanted is None else wanted
+            if wanted is not None:
+                replicas += _unseen(spec, wanted - live)
         old = self._snapshot
         if old.version and (tuple(replicas), desired) == (old.replicas, dict(old.desired)):
             return
@@ -455,7 +449,17 @@ def export_leadership(runtime: KubernetesRuntime, registry: CollectorRegistry) -
     gauge.set_function(lambda: 1.0 if runtime.leading else 0.0)
 
 
-def _status(spec: PoolSpec, name: ReplicaId, url: str, pod: PodState) -> ReplicaStatus:
+def _unseen(spec: PoolSpec, count: int) -> list[ReplicaStatus]:
+    """Pods the Deployment wants that no EndpointSlice lists yet (pending: no GPU node, no
+    IP): published as starting, with no URL, so the autoscaler counts them as capacity to
+    come (else it asks for them again every tick) and the gateway never routes to them."""
+    return [
+        _status(spec, ReplicaId(f"{spec.name}-unseen-{i}"), None, PodState.STARTING)
+        for i in range(max(0, count))
+    ]
+
+
+def _status(spec: PoolSpec, name: ReplicaId, url: str | None, pod: PodState) -> ReplicaStatus:
     state, phase = _STATE[pod]
     return ReplicaStatus(
         name=name,
