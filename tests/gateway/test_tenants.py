@@ -3,15 +3,19 @@ in a real SQLite store and the official openai client."""
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
 from gpufleet.engine.server import SimEngineConfig, create_app
+from gpufleet.gateway import _app, _tenancy
 from gpufleet.store import TenantSettings
 from tests.gateway.conftest import MODEL, serve_app, sim_replica
 from tests.gateway.tenants import ADMIN, TenantGateway, serve_tenant_gateway, tenant_fleet
@@ -58,9 +62,32 @@ def test_missing_or_wrong_key_is_401_and_audited(gateway: TenantGateway) -> None
         chat(c)
     with client(gateway, "not-a-key") as c, pytest.raises(openai.AuthenticationError):
         c.models.list()
+    gateway.tenancy.flush_denials()  # repeats within a minute are one row with a count
     gateway.flush()
-    actions = [e["action"] for e in gateway.store.audit_entries()]
-    assert actions.count("access.denied") >= 2
+    denied = [e for e in gateway.store.audit_entries() if e["action"] == "access.denied"]
+    assert sum(json.loads(e["detail"])["count"] for e in denied) >= 2
+
+
+def test_failed_authentications_are_audited_once_per_client_and_minute(
+    gateway: TenantGateway,
+) -> None:
+    """A client without a key cannot grow the audit table per request: the first 401 of a
+    minute from an address is a row at once, the rest one row with their count."""
+    gateway.tenancy.flush_denials()
+    gateway.flush()
+    before = len(gateway.store.audit_entries(limit=10_000))
+    with httpx.Client() as http:
+        for _ in range(30):
+            assert http.get(gateway.url + "/v1/models").status_code == 401
+    gateway.flush()
+    grown = len(gateway.store.audit_entries(limit=10_000)) - before
+    assert grown <= 2  # (2 if the requests straddle a minute)
+    gateway.tenancy.flush_denials()
+    gateway.flush()
+    rows = gateway.store.audit_entries(limit=10_000)
+    new = [e for e in rows[: len(rows) - before] if e["action"] == "access.denied"]
+    assert 1 <= len(new) <= 4
+    assert sum(json.loads(e["detail"])["count"] for e in new) == 30
 
 
 def test_a_good_key_is_served_and_ledgered(gateway: TenantGateway) -> None:
@@ -95,6 +122,34 @@ def test_a_model_the_tenant_may_not_use_is_403(gateway: TenantGateway) -> None:
     key = new_key(gateway, "narrow", models=("another-model",))
     with client(gateway, key) as c, pytest.raises(openai.PermissionDeniedError):
         chat(c)
+
+
+def test_a_request_is_read_once_and_reserialised_only_when_it_may_run(
+    gateway: TenantGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hot path: the prompt text is extracted once per request (the admission estimate
+    is the routing request's), prefix hashes only for a router that reads them (this pool
+    is least_request), and the body is re-serialised to ask for usage only once the
+    request passed the model and quota checks."""
+    calls: Counter[str] = Counter()
+
+    def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(_app, "_prompt_text", counting("prompt", _app._prompt_text))
+    monkeypatch.setattr(_app, "text_prefix_hashes", counting("hashes", _app.text_prefix_hashes))
+    monkeypatch.setattr(_tenancy, "ask_for_usage", counting("usage", _tenancy.ask_for_usage))
+    narrow = new_key(gateway, "narrow-once", models=("another-model",))
+    with client(gateway, narrow) as c, pytest.raises(openai.PermissionDeniedError):
+        chat(c)
+    assert calls == {"prompt": 1}
+    with client(gateway, new_key(gateway, "served-once")) as c:
+        chat(c)
+    assert calls == {"prompt": 2, "usage": 1}
 
 
 def test_over_rpm_is_429_with_retry_after(gateway: TenantGateway) -> None:

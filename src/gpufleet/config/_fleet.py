@@ -215,6 +215,9 @@ class Timeouts(_Strict):
     response arrives whole, so this bounds its generation too."""
     idle_stream: float = Field(30.0, gt=0.0)
     """Between two chunks of a streamed response."""
+    request_body: float = Field(30.0, gt=0.0)
+    """Reading a client's whole request body (408 past it): a client that trickles its
+    body does not hold a connection and a handler forever."""
 
 
 class RetryConfig(_Strict):

@@ -74,7 +74,7 @@ async def handle_admin(
         ) from None
     if method != "GET":
         tenancy.audit("admin", f"admin.{method.lower()}", path, "ok", _redacted(answer))
-        await asyncio.to_thread(tenancy.reload)
+        await tenancy.reload_async()
     data = json.dumps(answer).encode()
     await send(
         {

@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack
 from typing import Any, Final
@@ -45,6 +44,7 @@ from gpufleet.gateway._errors import (
     NoReplicaError,
     PayloadTooLargeError,
     ReplicaOriginError,
+    RequestTimeoutError,
     RouteNotFoundError,
     UpstreamError,
     error_body,
@@ -52,8 +52,9 @@ from gpufleet.gateway._errors import (
 )
 from gpufleet.gateway._http11 import Http11ReplicaClient
 from gpufleet.gateway._metrics import GatewayMetrics
-from gpufleet.gateway._replicas import ReplicaSource
+from gpufleet.gateway._replicas import ReplicaSource, Upstream
 from gpufleet.gateway._scrape import parse_engine_metrics
+from gpufleet.gateway._server import MAX_BODY
 from gpufleet.gateway._state import FleetState, Pool
 from gpufleet.gateway._tenancy import OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
@@ -65,10 +66,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Header = tuple[bytes, bytes]
 
-MAX_BODY: Final = 32 * 1024 * 1024
 _JSON: Final = (b"content-type", b"application/json")
 _COMPLETIONS: Final = {"/v1/chat/completions": True, "/v1/completions": False}
 _SCRAPED_POLICIES: Final = frozenset({"kv_aware", "prefix_aware"})
+_HASHING_POLICIES: Final = frozenset({"prefix_aware"})
 _RELAY: Final = "gpufleet.relay"
 """The ASGI extension of ``GatewayServer`` (``_server.RELAY``) that passes a stream's frames
 from the replica's socket to the client's; under another server, chunks go one by one."""
@@ -102,9 +103,7 @@ class Gateway:
         self._clock = clock
         self.metrics = GatewayMetrics(registry)
         self._wake = asyncio.Event()
-        self.fleet = FleetState(config, self.metrics, clock, self._wake.set)
-        self.in_flight: Counter[ReplicaId] = Counter()
-        """Attempts in flight per replica (the autoscaler's drain choice reads it)."""
+        self.fleet = FleetState(config, self.metrics, clock, self._wake.set, self._forget)
         self.autoscaler = (
             None
             if actuator is None
@@ -114,7 +113,7 @@ class Gateway:
                 actuator,
                 registry,
                 clock=clock,
-                in_flight=self.in_flight.__getitem__,
+                in_flight=self.metrics.in_flight_of,
             )
         )
         self._created = int(time.time())
@@ -257,6 +256,15 @@ class Gateway:
             self._client = self._client_given
         await send({"type": "lifespan.shutdown.complete"})
 
+    def _forget(self, replica: Upstream) -> None:
+        """A replica left the replica set: close its idle upstream connections (its series
+        went in ``FleetState.set_replicas``), unless another replica has its address."""
+        client = self._client
+        if replica.url is None or not isinstance(client, Http11ReplicaClient):
+            return
+        if all(u.url != replica.url for u in self.fleet.upstreams.values()):
+            client.forget(replica.url)
+
     async def _health_loop(self, tg: asyncio.TaskGroup) -> None:
         """Decide, send the probes asked for, sleep until the next decision is due or woken."""
         while True:
@@ -332,7 +340,7 @@ class Gateway:
         rid: Header,
     ) -> None:
         arrived = self._clock()
-        body = await _read_body(receive)
+        body = await _read_body(receive, self._timeouts.request_body)
         payload = _parse(body, chat)
         model = payload["model"]
         pool = self.fleet.pools.get(model)
@@ -340,25 +348,31 @@ class Gateway:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
         if self.autoscaler is not None:
             self.autoscaler.arrived(model)  # demand, even if admission makes it wait
+        request = _route_request(model, scope, payload, request_id, _hashes(pool))
         admitted = None
-        if self.tenancy is not None:
-            admitted, body = await self.tenancy.admit(
-                scope,
-                model,
-                payload,
-                body,
-                request_id=request_id,
-                arrived=arrived,
-                prompt_estimate=len(_prompt_text(payload)) // 4,
-            )
         status = 500
-        self._active += 1
+        active = False  # counted in the retry budget's requests in flight (once admitted)
+        # watched from before admission: a client that leaves while queued gives its
+        # place and quota lease back at once (the gate and the lease undo on cancel)
         watch = _DisconnectWatch(receive)
         try:
+            if self.tenancy is not None:
+                admitted, body = await self.tenancy.admit(
+                    scope,
+                    model,
+                    payload,
+                    body,
+                    request_id=request_id,
+                    arrived=arrived,
+                    prompt_estimate=request.prompt_tokens,
+                )
+            self._active += 1
+            active = True
             status = await self._route(
                 pool,
                 path,
                 scope,
+                request,
                 payload=payload,
                 body=body,
                 send=send,
@@ -370,7 +384,7 @@ class Gateway:
         except asyncio.CancelledError:
             if not watch.stop():
                 raise
-            status = 499  # the client left; its upstream attempt was cancelled
+            status = 499  # the client left; its upstream attempt (or its queue place) is gone
         except GatewayError as error:
             status = error.status
             raise
@@ -378,7 +392,8 @@ class Gateway:
             watch.stop()
             if admitted is not None and self.tenancy is not None:
                 self.tenancy.finish(admitted, status)
-            self._active -= 1
+            if active:
+                self._active -= 1
             self.metrics.child(self.metrics.requests, model, str(status)).inc()
             self.metrics.child(self.metrics.e2e, model).observe(self._clock() - arrived)
 
@@ -387,6 +402,7 @@ class Gateway:
         pool: Pool,
         path: str,
         scope: Scope,
+        request: RouteRequest,
         *,
         payload: dict[str, Any],
         body: bytes,
@@ -397,7 +413,6 @@ class Gateway:
         admitted: Admitted | None = None,
     ) -> int:
         model = pool.config.name
-        request = _route_request(model, scope, payload, request_id)
         now = self._clock()
         ranking = await self._rank(pool, request, now)
         metrics = self.metrics
@@ -429,9 +444,8 @@ class Gateway:
                 admitted.replica = replica
             upstream_request = UpstreamRequest(upstream.url, path, body, headers)
             pool.router.on_request_start(self._clock(), request, replica)
-            in_flight = metrics.child(metrics.in_flight, replica)
+            in_flight = metrics.child(metrics.in_flight, replica)  # the one count of them
             in_flight.inc()
-            self.in_flight[replica] += 1
             outcome = Outcome.CANCELLED
             try:
                 status, outcome = await self._attempt(
@@ -451,11 +465,12 @@ class Gateway:
                 if retry:
                     self._active_retries -= 1
                 in_flight.dec()
-                self.in_flight[replica] -= 1
                 end = self._clock()
                 pool.router.on_request_end(end, request, replica, outcome)
                 metrics.child(metrics.attempts, replica, outcome.value).inc()
                 self.fleet.on_event(end, model, RequestFinished(replica, outcome))
+                if replica not in self.fleet.upstreams:  # it left while this ran
+                    metrics.forget_replica(replica)
         why = f": {last}" if last is not None else ""
         raise NoReplicaError(
             f"no replica of `{model}` could take the request{why}",
@@ -660,20 +675,25 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def _read_body(receive: Receive, timeout: float) -> bytes:
+    """The whole request body, within ``timeout`` seconds (408 past it)."""
     parts: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnectedError
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise PayloadTooLargeError(f"request body over {MAX_BODY} bytes")
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnectedError
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise PayloadTooLargeError(f"request body over {MAX_BODY} bytes")
+                parts.append(chunk)
+                if not message.get("more_body", False):
+                    return parts[0] if len(parts) == 1 else b"".join(parts)
+    except TimeoutError:
+        raise RequestTimeoutError(f"the request body did not arrive within {timeout:g} s") from None
 
 
 class _DisconnectWatch:
@@ -731,18 +751,24 @@ async def _origin_error(status: int, chunks: AsyncIterator[bytes]) -> ReplicaOri
 
 
 def _route_request(
-    model: str, scope: Scope, payload: dict[str, Any], request_id: str
+    model: str, scope: Scope, payload: dict[str, Any], request_id: str, hashes: bool
 ) -> RouteRequest:
-    """What the router sees of a request: its prefix hashes, size and session key."""
+    """What the router sees of a request: its prefix hashes (only for a router that reads
+    them), size and session key."""
     text = _prompt_text(payload)
     session = _header(scope, b"x-session-id") or payload.get("user")
     return RouteRequest(
         request_id,
         model,
-        prefix_hashes=text_prefix_hashes(text),
+        prefix_hashes=text_prefix_hashes(text) if hashes else (),
         prompt_tokens=len(text) // 4,
         session_key=session if isinstance(session, str) else None,
     )
+
+
+def _hashes(pool: Pool) -> bool:
+    """Whether the pool's router reads ``RouteRequest.prefix_hashes`` (only prefix_aware)."""
+    return pool.config.routing.policy in _HASHING_POLICIES
 
 
 def _scraped(model: ModelConfig) -> bool:

@@ -61,6 +61,16 @@ class MethodNotAllowedError(GatewayError):
     type = "invalid_request_error"
 
 
+class RequestTimeoutError(GatewayError):
+    """The request body did not arrive in time (the connection then closes)."""
+
+    status = 408
+    type = "invalid_request_error"
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"connection", b"close")]
+
+
 class PayloadTooLargeError(GatewayError):
     status = 413
     type = "invalid_request_error"

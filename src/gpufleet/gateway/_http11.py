@@ -503,6 +503,18 @@ class Http11ReplicaClient:
                 conn.close()
         self._idle.clear()
 
+    def forget(self, url: str) -> None:
+        """The replica at ``url`` is gone: close its idle connections, drop its entries
+        (else replica churn grows ``_idle`` and ``_targets`` without bound)."""
+        target = self._targets.pop(url, None)
+        if target is None:
+            return
+        host_port = target[0]
+        for other in [u for u, (hp, _) in self._targets.items() if hp == host_port]:
+            del self._targets[other]  # the same address spelled another way
+        for conn in self._idle.pop(host_port, ()):
+            conn.close()
+
     def _target(self, url: str) -> tuple[tuple[str, int], bytes]:
         target = self._targets.get(url)
         if target is None:
@@ -566,6 +578,9 @@ class Http11ReplicaClient:
         if conn.done and conn.keep and not conn.closed:
             idle = self._idle.get(host_port)
             if idle is None:
+                if all(t[0] != host_port for t in self._targets.values()):
+                    conn.close()  # its replica was forgotten while this ran
+                    return
                 idle = self._idle[host_port] = []
             if len(idle) < self._max_idle:
                 idle.append(conn)

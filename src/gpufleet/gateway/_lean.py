@@ -44,6 +44,11 @@ class _Labelled(Collector):
             child = self._children[values] = self._new()
         return child
 
+    def remove_where(self, index: int, value: str) -> None:
+        """Drop every child whose label ``index`` is ``value`` (a replica that is gone)."""
+        for values in [v for v in self._children if v[index] == value]:
+            del self._children[values]
+
     def collect(self) -> Iterator[Any]:
         raise NotImplementedError
 

@@ -6,6 +6,7 @@ not ``labels()`` calls; the metrics updated per request are ``_lean``'s (no lock
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -23,13 +24,33 @@ class GatewayMetrics:
     """Every gateway metric (names in docs/gateway.md)."""
 
     def child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, cached: the hot path's way to a labelled child (only
-        for labels never removed: models, replicas' request counters)."""
+        """``metric.labels(*labels)``, cached: the hot path's way to a labelled child. A
+        replica's children leave the cache with it (:meth:`forget_replica`)."""
         key = (id(metric), labels)
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def in_flight_of(self, replica: str) -> int:
+        """Attempts in flight on ``replica`` now (the one count of them: the gauge)."""
+        found = self._children.get((id(self.in_flight), (replica,)))
+        return 0 if found is None else int(found.value)
+
+    def forget_replica(self, replica: str) -> None:
+        """A replica left the replica set: drop its series and cached children, so churn
+        (unique pod names) does not grow ``/metrics`` and memory without bound. The
+        in-flight gauge goes only once it reads 0 (the caller retries at the last end)."""
+        if self.in_flight_of(replica) == 0:
+            self.in_flight.remove_where(0, replica)
+            self._children.pop((id(self.in_flight), (replica,)), None)
+        self.attempts.remove_where(0, replica)
+        attempts = id(self.attempts)
+        for key in [k for k in self._children if k[0] == attempts and k[1][0] == replica]:
+            del self._children[key]
+        for gauge in (self.queue, self.kv_usage):
+            with contextlib.suppress(KeyError):
+                gauge.remove(replica)
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}

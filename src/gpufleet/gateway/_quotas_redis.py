@@ -64,12 +64,15 @@ local function expire_tokens(tok, tot, horizon)
   if redis.call('ZCARD', tok) == 0 then redis.call('DEL', tot) return 0 end
   return tonumber(redis.call('GET', tot) or '0')
 end
+"""
+_NOW: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 _ACQUIRE: Final = (
     _EXPIRE_TOKENS
+    + _NOW
     + """
 -- KEYS: req, tok, tot, run; ARGV: rpm, tpm, concurrency (-1: none), window ms, member, lease ms
 local rpm, tpm, conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -105,6 +108,7 @@ return {0, 0}
 
 _RELEASE: Final = (
     _EXPIRE_TOKENS
+    + _NOW
     + """
 -- KEYS: tok, tot, run; ARGV: member, tokens, window ms
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -121,7 +125,7 @@ return 0
 )
 
 _RENEW: Final = (
-    _EXPIRE_TOKENS
+    _NOW  # (expire_tokens is not used here)
     + """
 -- KEYS: run; ARGV: lease ms, members…
 local expiry = now + tonumber(ARGV[1])

@@ -83,6 +83,7 @@ class FleetState:
         metrics: GatewayMetrics,
         clock: Callable[[], float],
         wake: Callable[[], None],
+        on_gone: Callable[[Upstream], None] | None = None,
     ) -> None:
         seed = config.gateway.seed
         self.pools: dict[str, Pool] = {
@@ -99,6 +100,8 @@ class FleetState:
         self._metrics = metrics
         self._clock = clock
         self._wake = wake
+        self._on_gone = on_gone
+        """Told of each replica that left the replica set (after its state is dropped)."""
         self.view = FleetView.of(clock(), ())
         self.spare: dict[str, bool | None] = dict.fromkeys(self.pools)
         """Each pool's last judged N+1 state (``None`` until judged)."""
@@ -115,12 +118,18 @@ class FleetState:
             old = known.get(name)
             if old is None or old.url != replica.url:
                 self._restarted.add(name)
-        for name in known.keys() - fresh.keys():
-            self.loads.pop(name, None)
-            self._restarted.discard(name)
+        gone = [known[name] for name in known.keys() - fresh.keys()]
+        for replica in gone:
+            self.loads.pop(replica.name, None)
+            self._restarted.discard(replica.name)
             for state in _STATES:
-                self._metrics.replica_state.remove(name, state.value)
+                self._metrics.replica_state.remove(replica.name, state.value)
+            # its other series and cached children (queue, KV, attempts, in flight)
+            self._metrics.forget_replica(replica.name)
         self.upstreams = fresh
+        if self._on_gone is not None:
+            for replica in gone:
+                self._on_gone(replica)
         self.refresh()
         self._wake()
 

@@ -18,7 +18,6 @@ import asyncio
 import hmac
 import logging
 import os
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -116,9 +115,10 @@ class Tenancy:
         """rpm, tpm and concurrency per tenant: this gateway's own, or shared through Redis."""
         self.gates: dict[str, AdmissionGate] = {}
         self._models = [m.name for m in fleet.models]
-        self._reload_lock = threading.Lock()
         self._taken = 0
         self._applied = 0
+        self._denials: dict[tuple[str | None, int], _Denials] = {}
+        """Failed authentications per (client address, minute) not yet audited."""
 
     # -- life -------------------------------------------------------------------------------
 
@@ -132,22 +132,34 @@ class Tenancy:
         self.gates = {m: AdmissionGate(m, admission, view, self._clock) for m in self._models}
 
     def close(self) -> None:
+        self.flush_denials()
         self.journal.close()
 
     async def aclose(self) -> None:
         await self.quotas.aclose()
 
     def reload(self) -> None:
-        """Load keys and tenants now (any thread). Snapshots apply in the order they were
-        started, so a slow periodic reload cannot undo a revocation applied after it began."""
-        with self._reload_lock:
-            self._taken += 1
-            ticket = self._taken
-        snapshot = self.store.snapshot()
-        with self._reload_lock:
-            if ticket > self._applied:
-                self._applied = ticket
-                self._apply(snapshot)
+        """Load keys and tenants now (on the event loop's thread, or before it runs)."""
+        self._apply_newer(self._take(), self.store.snapshot())
+
+    async def reload_async(self) -> None:
+        """Load keys and tenants: the database read in a worker thread, the snapshot applied
+        here on the loop (``Quotas`` is the loop's: a thread must not replace a tenant's
+        entry under a request, nor reset its rpm window)."""
+        ticket = self._take()
+        snapshot = await asyncio.to_thread(self.store.snapshot)
+        self._apply_newer(ticket, snapshot)
+
+    def _take(self) -> int:
+        self._taken += 1
+        return self._taken
+
+    def _apply_newer(self, ticket: int, snapshot: Snapshot) -> None:
+        """Snapshots apply in the order they were started, so a slow periodic reload cannot
+        undo a revocation applied after it began."""
+        if ticket > self._applied:
+            self._applied = ticket
+            self._apply(snapshot)
 
     def _apply(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
@@ -158,8 +170,9 @@ class Tenancy:
     async def refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.refresh_interval)
+            self._flush_denials(self._clock())
             try:
-                await asyncio.to_thread(self.reload)
+                await self.reload_async()
             except Exception:
                 logger.exception("could not reload keys and tenants; keeping the last ones")
 
@@ -184,13 +197,49 @@ class Tenancy:
         return principal
 
     def _deny(self, scope: Any, path: str, key_id: str | None, why: str) -> None:
+        """Audit a failed authentication: the first per client address and minute at once,
+        the rest of that minute's as one row with their ``count`` when it ends, so clients
+        without a key cannot grow the audit table per request (docs/tenants.md)."""
+        now = self._clock()
+        self._flush_denials(now)
         client = scope.get("client")
+        address = client[0] if client else None
+        minute = int(now // 60)
+        if len(self._denials) >= _MAX_DENIAL_WINDOWS and (address, minute) not in self._denials:
+            address = "*"  # too many addresses this minute: the rest count together
+        denials = self._denials.get((address, minute))
+        if denials is not None:
+            denials.count += 1
+            denials.last = (key_id, path, why)
+            return
+        self._denials[(address, minute)] = _Denials((key_id, path, why))
+        self._audit_denial(address, key_id, path, why, 1)
+
+    def flush_denials(self) -> None:
+        """Audit every repeated denial counted so far (at close; tests)."""
+        self._flush_denials(None)
+
+    def _flush_denials(self, now: float | None) -> None:
+        """Audit the repeated denials of the minutes that ended (every one if ``now`` is
+        ``None``)."""
+        if not self._denials:
+            return
+        current = None if now is None else int(now // 60)
+        for window in [w for w in self._denials if current is None or w[1] < current]:
+            denials = self._denials.pop(window)
+            if denials.count:
+                key_id, path, why = denials.last
+                self._audit_denial(window[0], key_id, path, why, denials.count)
+
+    def _audit_denial(
+        self, address: str | None, key_id: str | None, path: str, why: str, count: int
+    ) -> None:
         self.audit(
             key_id or "anonymous",
             "access.denied",
             path,
             "denied",
-            {"why": why, "client": client[0] if client else None},
+            {"why": why, "client": address, "count": count},
         )
 
     def audit(
@@ -229,11 +278,17 @@ class Tenancy:
             arrived,
         )
         gate = self.gates[model]
-        body, injected = ask_for_usage(payload, body)
         admitted = Admitted(
-            principal, request_id, model, arrived, wall, ticket, gate, None, Meter(0, False, _no)
+            principal,
+            request_id,
+            model,
+            arrived,
+            wall,
+            ticket,
+            gate,
+            None,
+            Meter(prompt_estimate, False, _no),  # replaced once the request may run
         )
-        admitted.meter = Meter(prompt_estimate, injected, lambda: self._record(admitted))
         if allowed is not None and model not in allowed:
             self.audit(principal.key_id, "access.denied", model, "denied", {"why": "model"})
             self._record(admitted, 403, started=False)
@@ -248,6 +303,9 @@ class Tenancy:
                 denial.retry_after,
             )
         admitted.lease = lease
+        # the body is re-serialised (usage asked for) only for a request that got this far
+        body, injected = ask_for_usage(payload, body)
+        admitted.meter = Meter(prompt_estimate, injected, lambda: self._record(admitted))
         try:
             await gate.enter(ticket)
         except BaseException as error:
@@ -334,6 +392,19 @@ async def metered(
     rest = meter.rest()
     if rest:
         yield rest
+
+
+_MAX_DENIAL_WINDOWS: Final = 10_000
+"""Client addresses whose failed authentications are counted apart in one minute; past it,
+the rest count under ``*`` (memory stays bounded under a flood of addresses)."""
+
+
+@dataclass(slots=True)
+class _Denials:
+    """Failed authentications of one client address in one minute, after the first."""
+
+    last: tuple[str | None, str, str]
+    count: int = 0
 
 
 def _no() -> None:
