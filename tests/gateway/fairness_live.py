@@ -1,27 +1,65 @@
 """The fairness experiment live: two tenants' keys, a 10× heavy one, through the real gateway.
 
 Used by ``tests/gateway/test_fairness_live.py`` and ``bench/fairness.py --live``. Sim replicas
-(uvicorn, real time scaled by ``time_scale``) behind the gateway with auth on (keys in a real
-SQLite store) and admission on; an asyncio client streams ``/v1/chat/completions`` with each
-tenant's key at Poisson times and measures time to the first content chunk.
+(``gpufleet engine sim`` child processes, as engines run beside a gateway for real, so their
+work does not share the gateway's interpreter; real time scaled by ``time_scale``) behind
+the gateway with auth on (keys in a real SQLite store) and admission on; an asyncio client
+streams ``/v1/chat/completions`` with each tenant's key at Poisson times and measures time
+to the first content chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import select
 
-from gpufleet.engine.server import SimEngineConfig, create_app
+from gpufleet.gateway._admission import AdmissionGate
 from gpufleet.store import TenantSettings
-from tests.gateway.conftest import MODEL, serve_app
+from gpufleet.store._schema import usage
+from tests.gateway.conftest import MODEL
 from tests.gateway.tenants import serve_tenant_gateway, tenant_fleet
+
+
+@contextmanager
+def replica_process(max_num_seqs: int, time_scale: float, seed: int) -> Iterator[str]:
+    """A sim replica as a child process; yields its URL once ``/health`` answers."""
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "gpufleet", "engine", "sim", "--port", "0",
+            "--max-num-seqs", str(max_num_seqs), "--time-scale", str(time_scale),
+            "--max-model-len", "4096", "--seed", str(seed),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().split("listening on ")[1].split(",")[0].strip()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "replica process did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.kill()
+        process.communicate()
 
 
 @dataclass
@@ -67,12 +105,28 @@ async def _one(http: httpx.AsyncClient, key: str, words: int, tokens: int, out: 
             out.ttft.append(first)
 
 
+@dataclass
+class GateWatch:
+    """The gate's queue and running count, sampled every 10 ms while a phase runs."""
+
+    gate: AdmissionGate
+    queue_max: int = 0
+    in_flight_max: int = 0
+
+    async def run(self) -> None:
+        while True:
+            self.queue_max = max(self.queue_max, len(self.gate.queue))
+            self.in_flight_max = max(self.in_flight_max, self.gate.in_flight)
+            await asyncio.sleep(0.01)
+
+
 async def _send(
-    url: str, plan: list[tuple[float, str, str]], words: int, tokens: int
+    url: str, plan: list[tuple[float, str, str]], words: int, tokens: int, watch: GateWatch
 ) -> dict[str, Outcome]:
     outcomes: dict[str, Outcome] = {}
     limits = httpx.Limits(max_connections=500, max_keepalive_connections=500)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        watcher = asyncio.create_task(watch.run())
         start = time.perf_counter()
         tasks = []
         for at, tenant, key in plan:
@@ -82,6 +136,7 @@ async def _send(
             out = outcomes.setdefault(tenant, Outcome())
             tasks.append(asyncio.create_task(_one(http, key, words, tokens, out)))
         await asyncio.gather(*tasks)
+        watcher.cancel()
     return outcomes
 
 
@@ -90,20 +145,32 @@ def run_live(
     *,
     light_rate: float = 2.0,
     duration: float = 6.0,
-    replicas: int = 1,
-    max_num_seqs: int = 4,
-    time_scale: float = 2.0,
+    replicas: int = 2,
+    max_num_seqs: int = 16,
+    saturation: float = 0.5,
+    reserve_saturation: float = 1.0,
+    time_scale: float = 1.0,
     words: int = 200,
     tokens: int = 60,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Light alone, then light + a heavy tenant at 10× its rate; each phase ``duration`` s."""
-    engine = SimEngineConfig(
-        time_scale=time_scale, max_model_len=4096, max_num_seqs=max_num_seqs, seed=seed
+    """Light alone, then light + a heavy tenant at 10× its rate; each phase ``duration`` s.
+
+    ``reserve_saturation`` at or below ``saturation``: no fair-share reserve (the contrast).
+    """
+    config = tenant_fleet(
+        admission={
+            "max_num_seqs": max_num_seqs,
+            "max_wait": 30.0,
+            "saturation": saturation,
+            "reserve_saturation": reserve_saturation,
+        }
     )
-    config = tenant_fleet(admission={"max_num_seqs": max_num_seqs, "max_wait": 30.0})
     with ExitStack() as stack:
-        urls = [stack.enter_context(serve_app(create_app(engine))) for _ in range(replicas)]
+        urls = [
+            stack.enter_context(replica_process(max_num_seqs, time_scale, seed + i))
+            for i in range(replicas)
+        ]
         gw = stack.enter_context(serve_tenant_gateway(tmp, config, urls))
         keys = {}
         for tenant in ("light", "heavy"):
@@ -119,8 +186,19 @@ def run_live(
 
         light = arrivals("light", light_rate)
         heavy = arrivals("heavy", 10 * light_rate)
-        alone = asyncio.run(_send(gw.url, light, words, tokens))
-        both = asyncio.run(_send(gw.url, sorted(light + heavy), words, tokens))
+        gate = gw.tenancy.gates[MODEL]
+        watch_alone, watch_both = GateWatch(gate), GateWatch(gate)
+        alone = asyncio.run(_send(gw.url, light, words, tokens, watch_alone))
+        second_phase = time.time()
+        both = asyncio.run(_send(gw.url, sorted(light + heavy), words, tokens, watch_both))
+        gw.flush()
+        with gw.store.engine.connect() as db:
+            rows = db.execute(
+                select(usage.c.queue_s).where(
+                    usage.c.tenant == "light", usage.c.time >= second_phase
+                )
+            ).all()
+        light_queue = sorted(row.queue_s or 0.0 for row in rows)
     a, b = alone["light"].p(0.99), both["light"].p(0.99)
     return {
         "inputs": {
@@ -129,6 +207,8 @@ def run_live(
             "duration_s": duration,
             "replicas": replicas,
             "max_num_seqs": max_num_seqs,
+            "saturation": saturation,
+            "reserve_saturation": reserve_saturation,
             "time_scale": time_scale,
             "prompt_words": words,
             "max_tokens": tokens,
@@ -136,5 +216,19 @@ def run_live(
         "light_alone": alone["light"].summary(),
         "light_with_heavy": both["light"].summary(),
         "heavy_with_light": both["heavy"].summary(),
+        "gate": {
+            "slots": replicas * max_num_seqs,
+            "alone": {
+                "queue_max": watch_alone.queue_max,
+                "in_flight_max": watch_alone.in_flight_max,
+            },
+            "with_heavy": {
+                "queue_max": watch_both.queue_max,
+                "in_flight_max": watch_both.in_flight_max,
+                # The light tenant's wait in the gate, from the ledger: the policy's share
+                # of its TTFT (the rest is the engines and the machine).
+                "light_queue_ms_max": round(max(light_queue, default=0.0) * 1000, 2),
+            },
+        },
         "light_ttft_p99_ratio": None if not a or b is None else round(b / a, 3),
     }

@@ -2,8 +2,10 @@
 by the event loop.
 
 A request starts at once while the pool is not saturated and nobody waits; otherwise it
-waits in the queue until a running request ends (or a scrape shows room), its deadline
-passes (503), or a full queue sheds it (503). "Saturated" is the shared definition: the
+joins the queue, and starts when :meth:`~gpufleet.policy.FairQueue.admit` lets it (at once
+if its tenant is under its fair share and the pool below ``reserve_saturation``; else when
+a running request ends or a scrape shows room), or its deadline passes (503), or a full
+queue sheds it (503). "Saturated" is the shared definition: the
 pool's :func:`~gpufleet.policy.pool_utilisation` over its routable replicas, or the gateway's
 own count of requests it let in spread over them (a scrape lags; the count does not), read
 through :func:`~gpufleet.policy.saturation`, at or above ``admission.saturation``.
@@ -46,6 +48,9 @@ class AdmissionGate:
         # No routable replica: not saturated (nothing to wait for: the router answers 503).
         return self._gauge.saturated(self._view().routable(self.model), self.in_flight)
 
+    def level(self) -> float:
+        return self._gauge.level(self._view().routable(self.model), self.in_flight)
+
     async def enter(self, ticket: Ticket) -> None:
         """Return when ``ticket`` may start; raise :class:`AdmissionError` if it may not."""
         if not self.queue and not self.saturated():
@@ -80,17 +85,17 @@ class AdmissionGate:
     def leave(self, ticket: Ticket, work: tuple[int, int] | None) -> None:
         """A started ticket ended; ``work`` = (uncached prompt, output tokens) if known."""
         self.in_flight -= 1
-        if work is not None:
-            self.queue.charge(ticket, *work)
+        self.queue.end(ticket, work)
         self.pump()
 
     def pump(self) -> None:
-        while self.queue and not self.saturated():
-            ticket = self.queue.pop(self._clock())
+        while self.queue:
+            ticket = self.queue.admit(self._clock(), self.level())
             if ticket is None:
                 break
             waiter = self._waiters.pop(ticket.id, None)
             if waiter is None or waiter.done():
+                self.queue.end(ticket)  # its client left meanwhile: it never runs
                 continue
             self.in_flight += 1
             waiter.set_result(None)

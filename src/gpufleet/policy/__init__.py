@@ -21,6 +21,7 @@ from gpufleet.policy._admission import (
     FairQueue,
     PoolGauge,
     Ticket,
+    pool_level,
     pool_saturated,
 )
 from gpufleet.policy._autoscale import (
@@ -153,6 +154,7 @@ __all__ = [
     "kv_scores",
     "make_router",
     "parse_router_config",
+    "pool_level",
     "pool_saturated",
     "pool_utilisation",
     "redundancy",

@@ -3,10 +3,10 @@ weighted fair sharing of GPU work across tenants within a class.
 
 Pure and clock-injected; the gateway feeds it live, the simulator in virtual time::
 
-    queue = FairQueue(AdmissionConfig())
+    queue, gauge = FairQueue(AdmissionConfig()), PoolGauge(config)
     shed = queue.offer(now, ticket)        # tickets refused (the newcomer or a lower one)
-    while not saturated and (t := queue.pop(now)):  start t
-    queue.charge(t, uncached_prompt_tokens, output_tokens)   # when t completes
+    while queue and (t := queue.admit(now, gauge.level(routable, in_flight))):  start t
+    queue.end(t, (uncached_prompt_tokens, output_tokens))   # when t completes
     expired = queue.expire(now)            # deadlines passed while queued: refuse them
 
 Fairness is the virtual token counter of "Fairness in Serving Large Language Models"
@@ -25,6 +25,17 @@ tenant whose counter would be largest once its queued tickets in that class were
 (its counter plus their estimates over their weights; the newcomer on a tie). A light
 tenant just served can have a larger counter than a heavy one for a moment; it is the
 heavy tenant's long backlog that the queue is full of, so that is what goes.
+
+Fair-share headroom (the reserve): at or above ``saturation`` a queued ticket waits for a
+slot, however fair its place in the queue, and in a small pool a slot is a whole generation
+away. So between ``saturation`` and ``reserve_saturation`` a ticket may still start if all
+its tenant asks for (running + queued tickets) fits in the tenant's weighted fair share of
+the pool's running requests (``weight / Σ active weights × running``; active: running or
+queued here): max-min fairness, who asks for less than its share gets it at once. A light
+tenant beside a heavy one starts at once; a tenant alone holds all that runs and asks for
+more, so never uses the reserve; heavy tenants' backlogs never fit, so they cannot take
+the reserve in turns. Only the highest class waiting may use it: batch never starts before
+a queued interactive ticket. Above ``reserve_saturation`` everyone waits.
 """
 
 from __future__ import annotations
@@ -60,6 +71,12 @@ class AdmissionConfig(BaseModel):
     ``x-gpufleet-deadline-ms`` may ask for less)."""
     output_weight: float = Field(2.0, ge=0.0)
     """An output token's cost in prompt tokens in the fair-share counter (VTC's w_q/w_p)."""
+    reserve_saturation: float = Field(1.0, ge=0.0)
+    """Fair-share headroom: up to this saturation a request still starts at once if its
+    tenant's running and queued requests fit in its weighted fair share of the pool's
+    running requests (others wait from ``saturation``). At or below ``saturation`` (0 too):
+    no reserve; so with the default ``saturation`` 1.0, none (the engines' batches are full
+    there: a request above would only wait in one engine's FIFO queue)."""
 
 
 def pool_saturated(
@@ -68,7 +85,18 @@ def pool_saturated(
     config: AdmissionConfig,
     since_scrape: int = 0,
 ) -> bool:
-    """Whether a pool's requests must queue: the shared saturation definition.
+    """Whether a pool's requests must queue: :func:`pool_level` at or above
+    ``config.saturation``."""
+    return pool_level(routable, in_flight, config, since_scrape) >= config.saturation
+
+
+def pool_level(
+    routable: Sequence[ReplicaView],
+    in_flight: int,
+    config: AdmissionConfig,
+    since_scrape: int = 0,
+) -> float:
+    """How full a pool is for admission: the shared saturation definition.
 
     The larger of the pool's :func:`pool_utilisation` from its replicas' last scrape and the
     admitting side's own count of requests let in (``in_flight``) spread over ``routable``
@@ -76,18 +104,17 @@ def pool_saturated(
     moved by ``since_scrape``, the change of the own count since it was taken (requests
     started minus requests ended): without that, a scrape taken while the pool was full
     would hold every queued request back until the next scrape, though requests ended
-    since. With no routable replica nothing is saturated (nothing to wait for: routing
-    refuses). The gateway's gate and the simulator's call this same function
-    (through :class:`PoolGauge`).
+    since. With no routable replica: 0 (nothing to wait for: routing refuses). The
+    gateway's gate and the simulator's call this same function (through :class:`PoolGauge`).
     """
     if not routable:
-        return False
+        return 0.0
     seqs = config.max_num_seqs
     scraped = pool_utilisation(routable, seqs)
     if scraped is not None:
         scraped += since_scrape / (len(routable) * seqs)
     own = saturation(ReplicaLoad(in_flight=math.ceil(in_flight / len(routable))), seqs)
-    return max(scraped or 0.0, own) >= config.saturation
+    return max(scraped or 0.0, own)
 
 
 class PoolGauge:
@@ -105,6 +132,10 @@ class PoolGauge:
         self._base = 0
 
     def saturated(self, routable: Sequence[ReplicaView], in_flight: int) -> bool:
+        return self.level(routable, in_flight) >= self.config.saturation
+
+    def level(self, routable: Sequence[ReplicaView], in_flight: int) -> float:
+        """:func:`pool_level`, the scrape moved by the own count since it."""
         seen = max(
             (r.load.observed_at for r in routable if r.load.observed_at is not None),
             default=None,
@@ -112,7 +143,7 @@ class PoolGauge:
         if seen != self._seen:
             self._seen = seen
             self._base = in_flight
-        return pool_saturated(routable, in_flight, self.config, in_flight - self._base)
+        return pool_level(routable, in_flight, self.config, in_flight - self._base)
 
 
 @dataclass(slots=True)
@@ -132,11 +163,15 @@ class Ticket:
 
 
 class FairQueue:
-    """The waiting tickets and every tenant's virtual token counter."""
+    """The waiting tickets, every tenant's virtual token counter and running count."""
 
     def __init__(self, config: AdmissionConfig | None = None) -> None:
         self.config = config or AdmissionConfig()
         self.counters: dict[str, float] = {}
+        self.running: dict[str, int] = {}
+        """Per tenant: tickets started (:meth:`start`) and not yet :meth:`end`-ed."""
+        self._weights: dict[str, float] = {}
+        """Per tenant: the weight of its latest ticket (for the fair share of the reserve)."""
         self._queues: list[dict[str, deque[Ticket]]] = [{} for _ in CLASSES]
         self._size = 0
         self._backlog: list[dict[str, float]] = [{} for _ in CLASSES]
@@ -168,6 +203,7 @@ class FairQueue:
             self._remove(victim)
             shed.append(victim)
         self._lift(ticket.tenant)
+        self._weights[ticket.tenant] = ticket.weight
         self._seq += 1
         ticket.seq = self._seq
         self._queues[ticket.priority].setdefault(ticket.tenant, deque()).append(ticket)
@@ -230,32 +266,97 @@ class FairQueue:
 
     # -- departures -------------------------------------------------------------------------
 
+    def admit(self, now: float, level: float) -> Ticket | None:
+        """The next ticket that may start (started: counted and charged) with the pool at
+        saturation ``level`` (:meth:`PoolGauge.level`), or ``None``: below ``saturation``
+        :meth:`pop`; below ``reserve_saturation`` :meth:`pop_reserve`; else nothing."""
+        if level < self.config.saturation:
+            return self.pop(now)
+        if level < self.config.reserve_saturation:
+            return self.pop_reserve(now)
+        return None
+
     def pop(self, now: float) -> Ticket | None:
         """The next ticket to start: highest class, then smallest counter, then oldest."""
         del now  # the order does not depend on time; deadlines are :meth:`expire`'s
         for queues in self._queues:
+            if queues:
+                counters = self.counters
+                return self._take(
+                    queues, min(queues, key=lambda t: (counters.get(t, 0.0), queues[t][0].seq))
+                )
+        return None
+
+    def pop_reserve(self, now: float) -> Ticket | None:
+        """The next ticket that may start in the reserve: in the highest class waiting, of a
+        tenant whose running and queued tickets fit in its weighted fair share of the running
+        ones (:meth:`under_share`); smallest counter, then oldest, among those."""
+        del now
+        for queues in self._queues:
             if not queues:
                 continue
             counters = self.counters
-            tenant = min(queues, key=lambda t: (counters.get(t, 0.0), queues[t][0].seq))
-            waiting = queues[tenant]
-            ticket = waiting.popleft()
-            if not waiting:
-                del queues[tenant]
-            self._queued(ticket, -1)
-            self._size -= 1
-            self.start(ticket)
-            return ticket
+            under = [t for t in queues if self.under_share(t)]
+            if not under:
+                return None  # a lower class never jumps a waiting higher one
+            return self._take(
+                queues, min(under, key=lambda t: (counters.get(t, 0.0), queues[t][0].seq))
+            )
         return None
 
+    def under_share(self, tenant: str) -> bool:
+        """Whether all ``tenant`` asks for, its running and queued tickets, fits in its
+        weighted fair share of the running tickets: ``weight / W × running`` over the active
+        tenants (running or queued here; ``W`` their weights' sum).
+
+        Its whole demand, not its running count: a heavy tenant's backlog never fits, so
+        heavy tenants cannot climb into the reserve by taking turns a request below their
+        share; a light tenant's does. A tenant alone holds everything running and asks for
+        more: never under. It is max-min fairness: who asks for less than its share gets it.
+        """
+        weights = self._weights
+        active = set(self.running)
+        for queues in self._queues:
+            active.update(queues)
+        active.add(tenant)
+        total_weight = sum(weights.get(t, 1.0) for t in active)
+        share = weights.get(tenant, 1.0) / total_weight * sum(self.running.values())
+        # A hair of slack for the float division: 1/3 × 3 must count as 1.
+        return self.running.get(tenant, 0) + self.waiting(tenant) <= share + 1e-9
+
+    def _take(self, queues: dict[str, deque[Ticket]], tenant: str) -> Ticket:
+        waiting = queues[tenant]
+        ticket = waiting.popleft()
+        if not waiting:
+            del queues[tenant]
+        self._queued(ticket, -1)
+        self._size -= 1
+        self.start(ticket)
+        return ticket
+
     def start(self, ticket: Ticket) -> None:
-        """Charge a ticket started (by :meth:`pop`, or directly by a caller) its estimate."""
+        """A ticket started (by :meth:`pop`, or directly by a caller): count it running and
+        charge it its estimate."""
         counter = self.counters.get(ticket.tenant, 0.0) + ticket.prompt_estimate / ticket.weight
         self.counters[ticket.tenant] = counter
         self._floor = counter
+        self.running[ticket.tenant] = self.running.get(ticket.tenant, 0) + 1
+        self._weights[ticket.tenant] = ticket.weight
+
+    def end(self, ticket: Ticket, work: tuple[int, int] | None = None) -> None:
+        """A started ticket ended: no longer running; ``work`` (uncached prompt, output
+        tokens), when known, replaces its estimate (:meth:`charge`)."""
+        left = self.running.get(ticket.tenant, 0) - 1
+        if left > 0:
+            self.running[ticket.tenant] = left
+        else:
+            self.running.pop(ticket.tenant, None)
+        if work is not None:
+            self.charge(ticket, *work)
 
     def charge(self, ticket: Ticket, uncached_prompt: int, output: int) -> None:
-        """A started ticket completed: replace its estimate with the work it really cost."""
+        """Replace a started ticket's estimate with the work it really cost (its running
+        count is :meth:`end`'s)."""
         work = uncached_prompt + self.config.output_weight * output - ticket.prompt_estimate
         self.counters[ticket.tenant] = self.counters.get(ticket.tenant, 0.0) + work / ticket.weight
 

@@ -9,8 +9,9 @@ front of the fleet's routers::
     Arrival ─► tenant (the trace's, or drawn from the mix) ─► ticket
             ─► pool not saturated and nobody waits? ─► start: route + submit now
             └► offer(ticket) ─► shed? an error row (the gateway's 503)
-                            └► waits ─► Release tick: expire (503) · pump: pop ─► start
-    end     ─► charge(ticket, uncached prompt, output)   in-flight count − 1
+                            └► pump: admit(level) ─► start (at once: fair-share reserve)
+                            └► waits ─► Release tick: expire (503) · pump: admit ─► start
+    end     ─► end(ticket, (uncached prompt, output))   in-flight count − 1
 
 What the gate reads is what the gateway's reads, with the same staleness:
 :func:`~gpufleet.policy.pool_saturated` (through a :class:`~gpufleet.policy.PoolGauge`)
@@ -300,6 +301,9 @@ class SimAdmission:
     def _saturated(self, pool: str, gate: _Gate) -> bool:
         return gate.gauge.saturated(self.inner.view.routable(pool), gate.in_flight)
 
+    def _level(self, pool: str, gate: _Gate) -> float:
+        return gate.gauge.level(self.inner.view.routable(pool), gate.in_flight)
+
     def _start(
         self, now: float, gate: _Gate, pool: str, ticket: Ticket, held: _Held
     ) -> list[ScheduledEvent]:
@@ -313,8 +317,8 @@ class SimAdmission:
     def _pump(self, now: float, pool: str, gate: _Gate) -> list[ScheduledEvent]:
         events: list[ScheduledEvent] = []
         queue = gate.queue
-        while queue and not self._saturated(pool, gate):
-            ticket = queue.pop(now)
+        while queue:
+            ticket = queue.admit(now, self._level(pool, gate))
             if ticket is None:
                 break
             events += self._start(now, gate, pool, ticket, self._held.pop(ticket.id))
@@ -386,8 +390,7 @@ class SimAdmission:
         ticket, pool = started
         gate = self._gates[pool]
         gate.in_flight -= 1
-        if work is not None:
-            gate.queue.charge(ticket, *work)
+        gate.queue.end(ticket, work)
         harness = self._harness
         if gate.queue and harness is not None and self._ended_at != now:
             # Called from a replica's step end (a local event): legal as a shared event at
@@ -460,6 +463,7 @@ class SimAdmission:
                 "max_queue": config.max_queue,
                 "max_wait_s": config.max_wait,
                 "output_weight": config.output_weight,
+                "reserve_saturation": config.reserve_saturation,
                 "release_tick_s": self.tick,
                 "queue_max": {pool: gate.queue_max for pool, gate in self._gates.items()},
                 "counters": {
