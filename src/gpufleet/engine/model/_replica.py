@@ -22,7 +22,7 @@ import math
 from gpufleet.engine.model._kv_cache import KVCacheManager
 from gpufleet.engine.model._request import Request, RequestStatus
 from gpufleet.engine.model._scheduler import Scheduler
-from gpufleet.engine.model._tokens import FillerTokens, OutputLengths
+from gpufleet.engine.model._tokens import OutputLengths, shared_filler
 from gpufleet.engine.model._types import (
     DecodeRun,
     FinishReason,
@@ -50,7 +50,7 @@ class ReplicaModel:
         )
         self._num_gpu_blocks = _num_gpu_blocks(config)
         self._max_model_len = _max_model_len(config, self._num_gpu_blocks)
-        self._filler = FillerTokens(config.seed, config.model.vocab_size)
+        self._filler = shared_filler(config.seed, config.model.vocab_size)
         self._lengths = OutputLengths(
             config.seed, config.output_len_median, config.output_len_sigma
         )
