@@ -79,11 +79,13 @@ def test_fast_forward_gives_byte_identical_results(overrides: dict[str, Any], se
     assert [d.steps for d in fast.drivers] == [d.steps for d in slow.drivers]
     assert [d.busy_s for d in fast.drivers] == [d.busy_s for d in slow.drivers]
     assert [d.model.stats() for d in fast.drivers] == [d.model.stats() for d in slow.drivers]
-    # It did fast-forward, and each fast step spared a kernel event.
+    # It did fast-forward, and each fast step spared a kernel event (a deferred run whose
+    # replica was looked at before its end leaves a stale RunEnd: one event back).
     fast_steps = sum(d.fast_steps for d in fast.drivers)
+    stale = sum(d.stale_events for d in fast.drivers)
     assert fast_steps > 0
     assert all(d.fast_steps == 0 for d in slow.drivers)
-    assert fast.kernel.events_processed == slow.kernel.events_processed - fast_steps
+    assert fast.kernel.events_processed == slow.kernel.events_processed - fast_steps + stale
     # One ITL count per token after the first, fast steps included.
     itl = fast.recorder.itl
     assert itl.count == sum(r.output_tokens - 1 for r in fast.recorder.log if not r.rejected)
