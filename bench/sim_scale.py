@@ -4,11 +4,13 @@
     .venv/bin/python bench/sim_scale.py --requests 100000    # a slice; the JSON says which
 
 Requests are drawn lazily (never a list): input and output lengths from a small table shaped
-like the Azure conversation trace, Poisson arrivals at ``--rate`` (default 0.7 requests/s per
-replica, the load of the 8-replica Azure run, which keeps replicas ~75 % busy). The fleet is
-one pool of Llama-3.1-8B on H100-SXM, least_request routing, health checks on. Reports wall
-time, peak RSS (``ru_maxrss``), kernel events per second and simulated seconds per wall second;
-writes bench/results/sim_scale.json.
+like the Azure conversation trace, Poisson arrivals at ``--rate-per-replica`` (default 0.7
+requests/s per replica, the load of the 8-replica Azure run; least_request gives each arrival
+to a replica with the fewest in flight, so few are ever idle: ~98 % busy). The fleet is one
+pool of Llama-3.1-8B on H100-SXM, least_request routing, health checks on. Reports wall time,
+peak RSS (``ru_maxrss``), kernel events per second and simulated seconds per wall second;
+writes bench/results/sim_scale.json. The full run took 21 min and 6.1 GiB on a shared
+2-core machine (docs/simulator.md, "Speed and scale").
 """
 
 from __future__ import annotations

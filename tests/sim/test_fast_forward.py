@@ -9,6 +9,7 @@ histogram.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,8 +18,18 @@ from typing import Any
 import pytest
 
 from gpufleet.catalog import get_gpu, get_model
+from gpufleet.config import parse_fleet
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
-from gpufleet.sim import ArrivalProcess, FleetHarness, PromptBuilder, TraceRequest, load_trace
+from gpufleet.sim import (
+    ArrivalProcess,
+    FleetHarness,
+    FleetSimulation,
+    PromptBuilder,
+    SimOptions,
+    TraceRequest,
+    load_trace,
+    parse_fault,
+)
 
 MODEL = get_model("llama-3.1-8b")
 GPU = get_gpu("h100-sxm")
@@ -79,11 +90,13 @@ def test_fast_forward_gives_byte_identical_results(overrides: dict[str, Any], se
     assert [d.steps for d in fast.drivers] == [d.steps for d in slow.drivers]
     assert [d.busy_s for d in fast.drivers] == [d.busy_s for d in slow.drivers]
     assert [d.model.stats() for d in fast.drivers] == [d.model.stats() for d in slow.drivers]
-    # It did fast-forward, and each fast step spared a kernel event.
+    # It did fast-forward, and each fast step spared a kernel event (a deferred run whose
+    # replica was looked at before its end leaves a stale RunEnd: one event back).
     fast_steps = sum(d.fast_steps for d in fast.drivers)
+    stale = sum(d.stale_events for d in fast.drivers)
     assert fast_steps > 0
     assert all(d.fast_steps == 0 for d in slow.drivers)
-    assert fast.kernel.events_processed == slow.kernel.events_processed - fast_steps
+    assert fast.kernel.events_processed == slow.kernel.events_processed - fast_steps + stale
     # One ITL count per token after the first, fast steps included.
     itl = fast.recorder.itl
     assert itl.count == sum(r.output_tokens - 1 for r in fast.recorder.log if not r.rejected)
@@ -133,3 +146,53 @@ def test_the_azure_trace_first_minutes_give_the_same_digest() -> None:
     slow, fast = run(False), run(True)
     assert fast.recorder.digest() == slow.recorder.digest()
     assert sum(d.fast_steps for d in fast.drivers) > 0.8 * sum(d.steps for d in fast.drivers)
+
+
+def test_runs_past_the_next_arrival_elsewhere_are_deferred_not_cut() -> None:
+    """Twenty replicas, an arrival every 10 ms somewhere, each replica's every 200 ms: its
+    decode runs span the arrivals that go elsewhere (a run is deferred, and caught up only
+    when a request comes to it), so most steps are still fast and few are kernel events."""
+    trace = [TraceRequest(0.01 * i, 200 + 7 * i, 300) for i in range(200)]
+    slow = simulate(trace, fast_forward=False, replicas=20)
+    fast = simulate(trace, fast_forward=True, replicas=20)
+    assert fast.recorder.digest() == slow.recorder.digest()
+    assert [d.busy_s for d in fast.drivers] == [d.busy_s for d in slow.drivers]
+    steps = sum(d.steps for d in fast.drivers)
+    fast_steps = sum(d.fast_steps for d in fast.drivers)
+    stale = sum(d.stale_events for d in fast.drivers)
+    assert fast_steps > 0.6 * steps  # cut at every arrival, hardly any would be (10 ms)
+    assert stale > 0  # some runs were caught up by a request before they ended
+    assert fast.kernel.events_processed == slow.kernel.events_processed - fast_steps + stale
+
+
+@pytest.mark.parametrize("policy", ["kv_aware", "least_request"])
+def test_faults_samples_and_scrapes_change_nothing_under_the_fast_forward(policy: str) -> None:
+    """Everything that looks at a replica from outside (a scrape, a sample, a crash, a slow
+    fault) first catches its deferred run up: the results are those of stepping."""
+    entry = {"name": "llama-3.1-8b", "replicas": 3, "routing": policy}
+    fleet = parse_fleet({"models": [entry]}, source="test")
+    faults = tuple(
+        parse_fault(spec)
+        for spec in (
+            "crash:replica=llama-3.1-8b-1,at=6,startup_s=4",
+            "slow:replica=llama-3.1-8b-0,factor=3,from=3,to=9",
+            "blackout:replica=llama-3.1-8b-2,from=2,to=8",
+        )
+    )
+    rng = random.Random(5)
+    trace, t = [], 0.0
+    for _ in range(150):
+        t += rng.expovariate(12.0)
+        trace.append(TraceRequest(t, rng.randrange(20, 1400), rng.randrange(1, 200)))
+
+    def run(fast_forward: bool) -> tuple[str, str]:
+        options = SimOptions(seed=2, sample_interval=0.7, faults=faults, fast_forward=fast_forward)
+        sim = FleetSimulation(fleet, options)
+        sim.start(trace)
+        for cut in (1.0, 4.5, 8.25):
+            sim.run(cut)
+        sim.run()
+        assert sim.check() == []
+        return sim.harness.recorder.digest(), json.dumps(sim.report({}))
+
+    assert run(True) == run(False)

@@ -275,4 +275,4 @@ def order_by_key(
     shift = rng.randrange(n)
     order = [*range(shift, n), *range(shift)]
     order.sort(key=keys.__getitem__)
-    return tuple([ids[i] for i in order])
+    return tuple(map(ids.__getitem__, order))

@@ -185,7 +185,9 @@ class FleetHarness:
         horizon = self.kernel.next_shared if fast_forward else None
         self._horizon = horizon
         self.drivers = [
-            ReplicaDriver(i, m, self.recorder, horizon=horizon, on_end=self._ended)
+            ReplicaDriver(
+                i, m, self.recorder, horizon=horizon, on_end=self._ended, kernel=self.kernel
+            )
             for i, m in enumerate(replicas)
         ]
         self.prompts = prompts
@@ -237,7 +239,14 @@ class FleetHarness:
         """
         index = len(self.drivers)
         self.drivers.append(
-            ReplicaDriver(index, model, self.recorder, horizon=self._horizon, on_end=self._ended)
+            ReplicaDriver(
+                index,
+                model,
+                self.recorder,
+                horizon=self._horizon,
+                on_end=self._ended,
+                kernel=self.kernel,
+            )
         )
         return index
 

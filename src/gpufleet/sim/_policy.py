@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from random import Random
 from typing import Final
 
@@ -504,7 +505,9 @@ class PolicyRouting:
         ranking = pool.router.rank(now, routed, self.view)
         self.routed += 1
         candidates = [
-            r for r in ranking.replicas()[: 1 + self.retry.max_retries] if self._up(r, replicas)
+            r
+            for r in islice(chain.from_iterable(ranking.tiers), 1 + self.retry.max_retries)
+            if self._up(r, replicas)
         ]
         if not candidates:
             self.no_replica += 1

@@ -21,6 +21,25 @@ then), the driver fast-forwards after each step: the model applies at once the p
 steps that end before the horizon (``ReplicaModel.run_decodes``), and the driver records
 them as it would have step by step. The results are the same to the bit; only the number
 of kernel events and model calls drops.
+
+With the kernel as well (``kernel=``, what the harness passes), a run that would reach past
+the horizon is not cut there but deferred: the driver asks the model where its run of
+pure-decode steps would end (``ReplicaModel.decode_run_end``) and schedules one local
+``RunEnd`` there, applying nothing yet. In a big fleet the horizon is the next arrival
+*anywhere* (every 1.4 ms at 1,000 replicas), far shorter than a replica's runs (~1 s), so
+cutting at it would still cost an event per step::
+
+    StepEnd @ t0 ─► decode_run_end(t0) = (T, k) ─► RunEnd @ T      (nothing applied yet)
+        someone looks at the replica at t < T (a submit, a scrape, a sample, a crash):
+            catch_up(t): run_decodes(t0, t) ─► plan_step ─► StepEnd @ ≥ t   (as if cut at t)
+        nobody does: RunEnd @ T: run_decodes(t0, T) (k - 1 steps), plan and finish step k
+
+Whoever reads the replica from outside goes through :attr:`model` (or :attr:`busy_s`,
+:attr:`steps`, :meth:`submit`, :meth:`crash`), which first catches it up to the kernel's
+``now``; the state it then sees is exactly the step-by-step one. A run ends before any
+request finishes, so every end still happens at its own kernel event, in time order. A
+``RunEnd`` whose run was caught up is skipped when it comes (``stale_events``), unless the
+run that follows ends at the same instant, which then reuses it.
 """
 
 from __future__ import annotations
@@ -29,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpufleet.engine.model import DecodeRun, NewRequest, ReplicaModel, StepPlan
-from gpufleet.sim._kernel import NORMAL, Event, ScheduledEvent
+from gpufleet.sim._kernel import NORMAL, Event, Kernel, ScheduledEvent
 from gpufleet.sim._recorder import Recorder, RequestRecord
 
 EndHook = Callable[[float, int, int, bool], None]
@@ -54,6 +73,14 @@ class StepEnd:
 
     target: ReplicaDriver
     plan: StepPlan
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """A deferred run of pure-decode steps ends: its last step's end."""
+
+    target: ReplicaDriver
     epoch: int = 0
 
 
@@ -92,15 +119,19 @@ class ReplicaDriver:
 
     __slots__ = (
         "_busy",
+        "_busy_s",
         "_down_since",
         "_epoch",
         "_horizon",
         "_itl",
+        "_kernel",
         "_live",
         "_model",
         "_on_end",
         "_recorder",
-        "busy_s",
+        "_run_at",
+        "_run_from",
+        "_steps",
         "crashes",
         "downtime_s",
         "fast_runs",
@@ -109,7 +140,7 @@ class ReplicaDriver:
         "retired_preemptions",
         "retired_prefix_hits",
         "retired_prefix_queries",
-        "steps",
+        "stale_events",
     )
 
     def __init__(
@@ -120,8 +151,17 @@ class ReplicaDriver:
         *,
         horizon: Callable[[], float] | None = None,
         on_end: EndHook | None = None,
+        kernel: Kernel | None = None,
     ) -> None:
         self.index = index
+        self._kernel = kernel if horizon is not None else None
+        """Given with ``horizon``: runs past it are deferred, not cut (module docstring)."""
+        self._run_from: float | None = None
+        """A deferred run is pending: it starts here (the replica's state is as of then)."""
+        self._run_at: float | None = None
+        """When the ``RunEnd`` event in the kernel's heap falls (None: there is none)."""
+        self.stale_events = 0
+        """``RunEnd`` events that came after their run had been caught up."""
         self._on_end = on_end
         self._model = model
         self._recorder = recorder
@@ -130,14 +170,12 @@ class ReplicaDriver:
         self._live: dict[str, _Live] = {}
         self._busy = False
         """A step is in flight or about to start."""
-        self.steps = 0
-        """Steps run, fast-forwarded ones included."""
+        self._steps = 0
         self.fast_steps = 0
         """Steps applied by fast-forwards (no kernel event, no plan, no outputs)."""
         self.fast_runs = 0
         """Fast-forwards: runs of one or more pure-decode steps applied at once."""
-        self.busy_s = 0.0
-        """Virtual seconds spent in steps."""
+        self._busy_s = 0.0
         self._epoch = 0
         self._down_since: float | None = None
         self.crashes = 0
@@ -162,6 +200,7 @@ class ReplicaDriver:
         """
         if self.down:
             return []
+        self.catch_up()
         stats = self._model.stats()
         self.retired_preemptions += stats.num_preemptions
         self.retired_prefix_queries += stats.prefix_cache_queries
@@ -171,6 +210,7 @@ class ReplicaDriver:
         self._model = fresh
         self._epoch += 1
         self._busy = False
+        self._run_from = self._run_at = None
         self._down_since = now
         self.crashes += 1
         return lost
@@ -189,8 +229,35 @@ class ReplicaDriver:
 
     @property
     def model(self) -> ReplicaModel:
-        """The replica model (read it; only the driver steps it)."""
+        """The replica model as of the kernel's ``now`` (read it; only the driver steps it)."""
+        if self._run_from is not None:
+            self.catch_up()
         return self._model
+
+    @property
+    def steps(self) -> int:
+        """Steps run, fast-forwarded ones included."""
+        if self._run_from is not None:
+            self.catch_up()
+        return self._steps
+
+    @property
+    def busy_s(self) -> float:
+        """Virtual seconds spent in steps."""
+        if self._run_from is not None:
+            self.catch_up()
+        return self._busy_s
+
+    def catch_up(self) -> None:
+        """Apply a deferred run up to the kernel's ``now``, and plan the step in flight then:
+        the replica is as it would be had the run been cut at ``now``."""
+        start, kernel = self._run_from, self._kernel
+        if start is None or kernel is None:
+            return
+        self._run_from = None
+        now = kernel.now
+        run = self._model.run_decodes(start, now)
+        kernel.schedule_all(self._plan(start if run is None else self._record_run(start, run)))
 
     @property
     def num_requests(self) -> int:
@@ -208,6 +275,8 @@ class ReplicaDriver:
         """
         if self.down:
             raise RuntimeError(f"replica {self.index} is down: route around it")
+        if self._run_from is not None:
+            self.catch_up()
         arrival = now if arrival is None else arrival
         try:
             self._model.add_request(request, now)
@@ -227,21 +296,64 @@ class ReplicaDriver:
         return [ScheduledEvent(now, STEP_PRIORITY, StepStart(self, self._epoch), local=True)]
 
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
-        assert isinstance(event, StepStart | StepEnd), event
+        assert isinstance(event, StepStart | StepEnd | RunEnd), event
         if event.epoch != self._epoch:
             return []  # a step of the incarnation before a crash
         if isinstance(event, StepEnd):
             self._finish(now, event.plan)
-            if self._horizon is not None:
-                run = self._model.run_decodes(now, self._horizon())
-                if run is not None:
-                    now = self._record_run(now, run)
+            return self._advance(now)
+        if isinstance(event, RunEnd):
+            if now == self._run_at:
+                self._run_at = None  # it has left the heap
+                if self._run_from is not None:
+                    return self._end_run(now)
+            self.stale_events += 1  # its run was caught up meanwhile
+            return []
+        return self._plan(now)
+
+    def _advance(self, now: float) -> list[ScheduledEvent]:
+        """After a step ends at ``now``: fast-forward (or defer) a decode run, plan the next."""
+        horizon = self._horizon
+        if horizon is None:
+            return self._plan(now)
+        if self._kernel is not None:
+            ahead = self._model.decode_run_end(now)
+            if ahead is not None and ahead[1] > 1 and ahead[0] >= horizon():
+                self._run_from = now  # someone may look before it ends: defer it
+                end = ahead[0]
+                if self._run_at == end:
+                    return []  # the RunEnd of the run caught up before ends here too
+                self._run_at = end
+                return [ScheduledEvent(end, STEP_PRIORITY, RunEnd(self, self._epoch), local=True)]
+        run = self._model.run_decodes(now, horizon())
+        if run is not None:
+            now = self._record_run(now, run)
+        return self._plan(now)
+
+    def _end_run(self, now: float) -> list[ScheduledEvent]:
+        """A deferred run ends at ``now``: its steps but the last at once, then the last one
+        as an ordinary step that ends now (it stands for that step's ``StepEnd``)."""
+        start = self._run_from
+        assert start is not None
+        self._run_from = None
+        model = self._model
+        run = model.run_decodes(start, now)
+        t = start if run is None else self._record_run(start, run)
+        plan = model.plan_step(t)
+        assert plan is not None
+        assert t + plan.duration == now, (t, plan.duration, now)  # summed as decode_run_end
+        self._steps += 1
+        self._busy_s += plan.duration
+        self._finish(now, plan)
+        return self._advance(now)
+
+    def _plan(self, now: float) -> list[ScheduledEvent]:
         plan = self._model.plan_step(now)
         if plan is None:
             self._busy = False
             return []
-        self.steps += 1
-        self.busy_s += plan.duration
+        self._steps += 1
+        self._busy_s += plan.duration
         return [
             ScheduledEvent(
                 now + plan.duration, STEP_PRIORITY, StepEnd(self, plan, self._epoch), local=True
@@ -300,7 +412,7 @@ class ReplicaDriver:
             gaps[gap] = gaps.get(gap, 0) + 1
         for gap, count in gaps.items():
             itl.add(gap, count)
-        busy = self.busy_s + durations[0]
+        busy = self._busy_s + durations[0]
         shared: list[float] = []
         add_gap = shared.append
         for duration in durations[1:]:
@@ -311,8 +423,8 @@ class ReplicaDriver:
         itl.add_each(shared, len(states))
         for state in states:
             state.last = t
-        self.busy_s = busy
-        self.steps += len(durations)
+        self._busy_s = busy
+        self._steps += len(durations)
         self.fast_steps += len(durations)
         self.fast_runs += 1
         return t

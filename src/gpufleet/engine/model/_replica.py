@@ -22,7 +22,7 @@ import math
 from gpufleet.engine.model._kv_cache import KVCacheManager
 from gpufleet.engine.model._request import Request, RequestStatus
 from gpufleet.engine.model._scheduler import Scheduler
-from gpufleet.engine.model._tokens import FillerTokens, OutputLengths
+from gpufleet.engine.model._tokens import OutputLengths, shared_filler
 from gpufleet.engine.model._types import (
     DecodeRun,
     FinishReason,
@@ -50,7 +50,7 @@ class ReplicaModel:
         )
         self._num_gpu_blocks = _num_gpu_blocks(config)
         self._max_model_len = _max_model_len(config, self._num_gpu_blocks)
-        self._filler = FillerTokens(config.seed, config.model.vocab_size)
+        self._filler = shared_filler(config.seed, config.model.vocab_size)
         self._lengths = OutputLengths(
             config.seed, config.output_len_median, config.output_len_sigma
         )
@@ -71,6 +71,10 @@ class ReplicaModel:
         self._step = 0
         self._in_flight: StepPlan | None = None
         self._slowdown = 1.0
+        self._run_durations: tuple[int, int, float, list[float]] = (0, 0, 1.0, [])
+        """``(seqs, context, slowdown, durations)``: the decode-step durations last computed,
+        ``durations[i] = decode_seconds(seqs, context + i·seqs) × slowdown`` (see
+        :meth:`_durations`)."""
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished = dict.fromkeys((reason.value for reason in FinishReason), 0)
@@ -288,11 +292,16 @@ class ReplicaModel:
         next_phase, block_start = 0, 0
         crossing_step = phases[0]  # the next step in which some request needs a block
         decode_seconds, slowdown, grow = self._steps.decode_seconds, self._slowdown, self._kv.grow
+        known, base = self._durations(seqs, context)
         durations: list[float] = []
         t = now
         steps = 0
         while steps < limit:
-            duration = decode_seconds(seqs, context) * slowdown
+            if base + steps < len(known):
+                duration = known[base + steps]
+            else:
+                duration = decode_seconds(seqs, context) * slowdown
+                known.append(duration)
             end = t + duration
             if end >= until:
                 break
@@ -318,6 +327,79 @@ class ReplicaModel:
         first = self._step
         self._step += steps
         return DecodeRun(tuple(durations), tuple(r.request_id for r in running), first)
+
+    def decode_run_end(self, now: float) -> tuple[float, int] | None:
+        """Where ``run_decodes(now, math.inf)`` would end, and after how many steps, with
+        nothing changed; ``None`` when it would apply no step.
+
+        A shell that does not know when it will next be looked at (the fleet simulator's
+        lazy fast-forward) schedules itself for that end, and applies the run only then, or
+        earlier up to the instant someone looks (``run_decodes(now, until)``). The end time
+        is summed exactly as ``run_decodes`` sums it, so the two agree to the bit. Blocks are
+        counted, not taken: each request that crosses a block boundary needs one, and a run
+        stops at the step whose crossings the free blocks cannot all cover, as ``grow`` does.
+        """
+        if self._in_flight is not None:
+            raise RuntimeError(
+                f"decode_run_end called while step {self._in_flight.step} is in flight; "
+                "call finish_step with its plan first"
+            )
+        batch = self._pure_decodes()
+        if batch is None:
+            return None
+        running, limit, context, crossings = batch
+        seqs, size = len(running), self._kv.block_size
+        phases = sorted(crossings)
+        needs = [len(crossings[phase]) for phase in phases]
+        next_phase, block_start = 0, 0
+        crossing_step = phases[0]
+        decode_seconds, slowdown = self._steps.decode_seconds, self._slowdown
+        known, base = self._durations(seqs, context)
+        free = self._kv.pool.num_free
+        t = now
+        steps = 0
+        while steps < limit:
+            if base + steps < len(known):
+                duration = known[base + steps]
+            else:
+                duration = decode_seconds(seqs, context) * slowdown
+                known.append(duration)
+            if steps == crossing_step:
+                need = needs[next_phase]
+                if need > free:
+                    break
+                free -= need
+                next_phase += 1
+                if next_phase == len(phases):
+                    next_phase, block_start = 0, block_start + size
+                crossing_step = block_start + phases[next_phase]
+            t += duration
+            context += seqs
+            steps += 1
+        return (t, steps) if steps else None
+
+    def _durations(self, seqs: int, context: int) -> tuple[list[float], int]:
+        """The memo of decode-step durations for a run of ``seqs`` requests from ``context``,
+        and the index in it of the run's first step (the memo grows as the run asks).
+
+        A run is priced twice (``decode_run_end``, then ``run_decodes`` up to where someone
+        looked), and a run cut short goes on later from further down the same list: each
+        step's duration is a pure function of ``(seqs, context, slowdown)``, so it is
+        computed once and read back, the same float.
+        """
+        memo_seqs, memo_context, memo_slowdown, known = self._run_durations
+        offset = context - memo_context
+        if (
+            seqs == memo_seqs
+            and self._slowdown == memo_slowdown
+            and offset >= 0
+            and offset % seqs == 0
+            and offset // seqs <= len(known)
+        ):
+            return known, offset // seqs
+        known = []
+        self._run_durations = (seqs, context, self._slowdown, known)
+        return known, 0
 
     def _pure_decodes(self) -> tuple[list[Request], int, int, dict[int, list[Request]]] | None:
         """The running requests when they are all decodes with nothing waiting, with: how many

@@ -22,6 +22,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 FILLER_SIZE = 1 << 14
 # Token ids are hashed as 4-byte little-endian words, the same on every machine.
@@ -65,6 +66,13 @@ class FillerTokens:
             position += take
             count -= take
         return b"".join(parts)
+
+
+@lru_cache(maxsize=16)
+def shared_filler(seed: int, vocab_size: int) -> FillerTokens:
+    """The filler of ``(seed, vocab_size)``, made once per process: replicas of one config
+    share it (it is never changed; ~0.7 MB each, which a 1,000-replica fleet felt)."""
+    return FillerTokens(seed, vocab_size)
 
 
 @dataclass(frozen=True, slots=True)
