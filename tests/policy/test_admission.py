@@ -100,17 +100,17 @@ def _replicas(running: int, at: float) -> list[ReplicaView]:
 
 
 def test_saturation_is_the_scrape_or_the_own_count() -> None:
-    config = AdmissionConfig(max_num_seqs=4)
-    assert not pool_saturated([], 100, config)
-    assert pool_saturated(_replicas(4, 0.0), 0, config)  # the scrape says full
-    assert pool_saturated(_replicas(0, 0.0), 7, config)  # the own count says full
-    assert not pool_saturated(_replicas(3, 0.0), 6, config)
+    config = AdmissionConfig()
+    assert not pool_saturated([], 100, config, 4)
+    assert pool_saturated(_replicas(4, 0.0), 0, config, 4)  # the scrape says full
+    assert pool_saturated(_replicas(0, 0.0), 7, config, 4)  # the own count says full
+    assert not pool_saturated(_replicas(3, 0.0), 6, config, 4)
 
 
 def test_a_gauge_moves_a_full_scrape_by_the_requests_ended_since() -> None:
     """Without it a scrape taken while the pool was full holds every queued request back
     until the next scrape, however many requests end meanwhile."""
-    gauge = PoolGauge(AdmissionConfig(max_num_seqs=4))
+    gauge = PoolGauge(AdmissionConfig(), 4)
     full = _replicas(4, 1.0)
     assert gauge.saturated(full, 8)
     assert not gauge.saturated(full, 6)  # two ended since the scrape

@@ -31,13 +31,14 @@ class AdmissionGate:
         self,
         model: str,
         config: AdmissionConfig,
+        max_num_seqs: int,
         view: Callable[[], FleetView],
         clock: Callable[[], float],
     ) -> None:
         self.model = model
         self.config = config
         self.queue = FairQueue(config)
-        self._gauge = PoolGauge(config)
+        self._gauge = PoolGauge(config, max_num_seqs)
         self.in_flight = 0
         self._view = view
         self._clock = clock

@@ -3,7 +3,7 @@ weighted fair sharing of GPU work across tenants within a class.
 
 Pure and clock-injected; the gateway feeds it live, the simulator in virtual time::
 
-    queue, gauge = FairQueue(AdmissionConfig()), PoolGauge(config)
+    queue, gauge = FairQueue(config), PoolGauge(config, model.max_num_seqs)  # per pool
     shed = queue.offer(now, ticket)        # tickets refused (the newcomer or a lower one)
     while queue and (t := queue.admit(now, gauge.level(routable, in_flight))):  start t
     queue.end(t, (uncached_prompt_tokens, output_tokens))   # when t completes
@@ -62,8 +62,6 @@ class AdmissionConfig(BaseModel):
     saturation: float = Field(1.0, gt=0.0)
     """A pool is saturated (requests queue at the gateway) at this
     :func:`~gpufleet.policy.saturation` (1.0: every replica holds what it can run)."""
-    max_num_seqs: int = Field(256, ge=1)
-    """The engines' running-batch cap (vLLM's ``--max-num-seqs``), for saturation."""
     max_queue: int = Field(1024, ge=0)
     """Requests waiting at the gateway, over all tenants; a full queue sheds."""
     max_wait: float = Field(30.0, gt=0.0)
@@ -83,24 +81,26 @@ def pool_saturated(
     routable: Sequence[ReplicaView],
     in_flight: int,
     config: AdmissionConfig,
+    max_num_seqs: int,
     since_scrape: int = 0,
 ) -> bool:
     """Whether a pool's requests must queue: :func:`pool_level` at or above
     ``config.saturation``."""
-    return pool_level(routable, in_flight, config, since_scrape) >= config.saturation
+    return pool_level(routable, in_flight, max_num_seqs, since_scrape) >= config.saturation
 
 
 def pool_level(
     routable: Sequence[ReplicaView],
     in_flight: int,
-    config: AdmissionConfig,
+    max_num_seqs: int,
     since_scrape: int = 0,
 ) -> float:
     """How full a pool is for admission: the shared saturation definition.
 
     The larger of the pool's :func:`pool_utilisation` from its replicas' last scrape and the
     admitting side's own count of requests let in (``in_flight``) spread over ``routable``
-    (a scrape lags; the count does not), at or above ``config.saturation``. The scrape is
+    (a scrape lags; the count does not), both against the pool's engines' ``max_num_seqs``
+    (``ModelConfig.max_num_seqs``: its ``--max-num-seqs``). The scrape is
     moved by ``since_scrape``, the change of the own count since it was taken (requests
     started minus requests ended): without that, a scrape taken while the pool was full
     would hold every queued request back until the next scrape, though requests ended
@@ -109,7 +109,7 @@ def pool_level(
     """
     if not routable:
         return 0.0
-    seqs = config.max_num_seqs
+    seqs = max_num_seqs
     scraped = pool_utilisation(routable, seqs)
     if scraped is not None:
         scraped += since_scrape / (len(routable) * seqs)
@@ -124,10 +124,14 @@ class PoolGauge:
     the own count then is the base that later changes are measured from.
     """
 
-    __slots__ = ("_base", "_seen", "config")
+    __slots__ = ("_base", "_seen", "config", "max_num_seqs")
 
-    def __init__(self, config: AdmissionConfig) -> None:
+    def __init__(self, config: AdmissionConfig, max_num_seqs: int) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
         self.config = config
+        self.max_num_seqs = max_num_seqs
+        """The pool's engines' running-batch cap (``ModelConfig.max_num_seqs``)."""
         self._seen: float | None = None
         self._base = 0
 
@@ -143,7 +147,7 @@ class PoolGauge:
         if seen != self._seen:
             self._seen = seen
             self._base = in_flight
-        return pool_level(routable, in_flight, self.config, in_flight - self._base)
+        return pool_level(routable, in_flight, self.max_num_seqs, in_flight - self._base)
 
 
 @dataclass(slots=True)

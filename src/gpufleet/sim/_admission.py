@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
 from typing import TYPE_CHECKING, Any, Final
@@ -175,9 +175,9 @@ class _Gate:
 
     __slots__ = ("gauge", "in_flight", "queue", "queue_max")
 
-    def __init__(self, config: AdmissionConfig) -> None:
+    def __init__(self, config: AdmissionConfig, max_num_seqs: int) -> None:
         self.queue = FairQueue(config)
-        self.gauge = PoolGauge(config)
+        self.gauge = PoolGauge(config, max_num_seqs)
         self.in_flight = 0
         self.queue_max = 0
 
@@ -216,6 +216,7 @@ class SimAdmission:
         inner: PolicyRouting,
         config: AdmissionConfig,
         mix: TenantMix,
+        max_num_seqs: Mapping[str, int],
         *,
         enabled: bool = True,
         tick: float = RELEASE_TICK,
@@ -227,7 +228,7 @@ class SimAdmission:
         self.mix = mix
         self.enabled = enabled
         self.tick = tick
-        self._gates = {name: _Gate(config) for name in inner.pool_names()}
+        self._gates = {name: _Gate(config, max_num_seqs[name]) for name in inner.pool_names()}
         self._harness: FleetHarness | None = None
         self._log: RequestLog | None = None
         self._armed = False
@@ -253,6 +254,10 @@ class SimAdmission:
         self._log = harness.recorder.log
         harness.gate = self
         harness.routing = self
+
+    def gauge(self, pool: str) -> PoolGauge:
+        """``pool``'s saturation gauge (its ``max_num_seqs`` is the pool's engines')."""
+        return self._gates[pool].gauge
 
     def tenants(self) -> list[str]:
         """Tenant names, in order of first arrival (``tenant_ids`` index them)."""
@@ -459,7 +464,9 @@ class SimAdmission:
             "admission": {
                 "on": self.enabled,
                 "saturation": config.saturation,
-                "max_num_seqs": config.max_num_seqs,
+                "max_num_seqs": {
+                    pool: gate.gauge.max_num_seqs for pool, gate in self._gates.items()
+                },
                 "max_queue": config.max_queue,
                 "max_wait_s": config.max_wait,
                 "output_weight": config.output_weight,

@@ -169,6 +169,7 @@ class FleetSimulation:
                 self.routing,
                 fleet.tenants.admission,
                 TenantMix(options.tenants, options.seed),
+                {m.name: m.max_num_seqs for m in fleet.models},
                 enabled=admitting,
                 tick=options.admission_tick,
             )
