@@ -81,13 +81,13 @@ def test_the_live_gate_is_saturated_at_the_pools_cap(tmp_path: Path) -> None:
     tenancy.open(lambda: view)
     try:
         gate = tenancy.gates[MODEL]
-        gate.in_flight = 2 * (SEQS - 1)  # the own count: 7 a replica
+        gate.pool.in_flight = 2 * (SEQS - 1)  # the own count: 7 a replica
         assert not gate.saturated()
-        gate.in_flight += 1  # 8 on the fuller one (rounded up)
+        gate.pool.in_flight += 1  # 8 on the fuller one (rounded up)
         assert gate.saturated()
         scraped = FleetView.of(1.0, _replicas(SEQS))  # the scrape says 8 running on each
         view = scraped
-        gate.in_flight = 0
+        gate.pool.in_flight = 0
         assert gate.saturated()
     finally:
         tenancy.close()
