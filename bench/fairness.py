@@ -62,7 +62,7 @@ def fleet(replicas: int, seqs: int, saturation: float, *, admission: bool) -> Fl
             "gateway": {"scrape_interval": 0.2},
             "tenants": {
                 "auth": admission,
-                "admission": {"max_num_seqs": seqs, "saturation": saturation},
+                "admission": {"saturation": saturation},
             },
         }
     )

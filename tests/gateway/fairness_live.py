@@ -159,12 +159,12 @@ def run_live(
     ``reserve_saturation`` at or below ``saturation``: no fair-share reserve (the contrast).
     """
     config = tenant_fleet(
+        args=["--max-num-seqs", str(max_num_seqs)],
         admission={
-            "max_num_seqs": max_num_seqs,
             "max_wait": 30.0,
             "saturation": saturation,
             "reserve_saturation": reserve_saturation,
-        }
+        },
     )
     with ExitStack() as stack:
         urls = [

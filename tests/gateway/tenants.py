@@ -21,10 +21,14 @@ from tests.gateway.conftest import MODEL, Running, serve_app
 ADMIN = "admin-secret-for-tests"
 
 
-def tenant_fleet(*, gateway: dict[str, Any] | None = None, **tenants: Any) -> FleetConfig:
+def tenant_fleet(
+    *, gateway: dict[str, Any] | None = None, args: Sequence[str] = (), **tenants: Any
+) -> FleetConfig:
+    """A fleet of ``MODEL`` with auth on; ``args`` its engine flags (``--max-num-seqs``:
+    what the gateway judges the pool's saturation by)."""
     return parse_fleet(
         {
-            "models": [{"name": MODEL, "routing": "least_request"}],
+            "models": [{"name": MODEL, "routing": "least_request", "args": list(args)}],
             "gateway": gateway or {},
             "tenants": {"auth": True, "refresh_interval": 0.2, **tenants},
         }

@@ -40,7 +40,6 @@ STEP_FLEET = {
             "autoscale": {
                 "min_replicas": 2,
                 "max_replicas": 4,
-                "max_num_seqs": SEQS,
                 "stable_window": 4,
                 "panic_window": 1,
                 "scale_down_cooldown": 3,
@@ -187,7 +186,6 @@ def zero_pool(name: str, provision: float) -> dict[str, object]:
             "scale_to_zero": True,
             "min_replicas": 0,
             "max_replicas": 2,
-            "max_num_seqs": SEQS,
             "stable_window": 2,
             "panic_window": 0.5,
             "scale_down_cooldown": 1,

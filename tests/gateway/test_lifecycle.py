@@ -103,7 +103,7 @@ def test_a_client_that_leaves_while_queued_gives_its_place_back(tmp_path: Path) 
     ticket leaves the fair queue at once, its quota lease is given back, and nothing is sent
     to a replica for it when the slot frees."""
     slow = SimEngineConfig(time_scale=1.0, max_model_len=4096)  # a stream that stays open
-    config = tenant_fleet(admission={"max_num_seqs": 1, "max_wait": 30.0})
+    config = tenant_fleet(args=["--max-num-seqs", "1"], admission={"max_wait": 30.0})
     with serve_app(create_app(slow)) as a, serve_tenant_gateway(tmp_path, config, [a]) as gw:
         _, key = gw.store.create_key("leaver", TenantSettings(concurrency=2))
         gw.tenancy.reload()

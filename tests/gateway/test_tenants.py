@@ -265,7 +265,7 @@ def test_a_saturated_pool_queues_and_answers_503_at_the_deadline(tmp_path: Path)
     """One replica that holds one sequence: while a stream runs the pool is saturated; a
     request that cannot start within its deadline gets 503, one that can waits and runs."""
     slow = SimEngineConfig(time_scale=1.0, max_model_len=4096)
-    config = tenant_fleet(admission={"max_num_seqs": 1, "max_wait": 5.0})
+    config = tenant_fleet(args=["--max-num-seqs", "1"], admission={"max_wait": 5.0})
     with serve_app(create_app(slow)) as a, serve_tenant_gateway(tmp_path, config, [a]) as gw:
         key = new_key(gw, "queued")
         with client(gw, key) as c:

@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.fleet import ReplicaLoad, ReplicaState, ReplicaView
-from gpufleet.policy import AdmissionConfig, FairQueue, PoolGauge, Ticket, pool_saturated
+from gpufleet.policy import (
+    AdmissionConfig,
+    FairQueue,
+    PoolAdmission,
+    PoolGauge,
+    Ticket,
+    pool_saturated,
+)
 
 _ids = iter(range(10**9))
 
@@ -100,17 +107,42 @@ def _replicas(running: int, at: float) -> list[ReplicaView]:
 
 
 def test_saturation_is_the_scrape_or_the_own_count() -> None:
-    config = AdmissionConfig(max_num_seqs=4)
-    assert not pool_saturated([], 100, config)
-    assert pool_saturated(_replicas(4, 0.0), 0, config)  # the scrape says full
-    assert pool_saturated(_replicas(0, 0.0), 7, config)  # the own count says full
-    assert not pool_saturated(_replicas(3, 0.0), 6, config)
+    config = AdmissionConfig()
+    assert not pool_saturated([], 100, config, 4)
+    assert pool_saturated(_replicas(4, 0.0), 0, config, 4)  # the scrape says full
+    assert pool_saturated(_replicas(0, 0.0), 7, config, 4)  # the own count says full
+    assert not pool_saturated(_replicas(3, 0.0), 6, config, 4)
+
+
+def test_a_pool_starts_at_once_below_saturation_then_queues_and_pumps_as_slots_free() -> None:
+    """The state machine both shells drive: one replica of two slots, unscraped."""
+    pool = PoolAdmission(AdmissionConfig(max_queue=1), 2)
+    routable = [ReplicaView("r0", "m", ReplicaState.READY, ReplicaLoad())]  # type: ignore[arg-type]
+    a, b, c, d = (ticket(t, deadline=5.0) for t in "abcd")
+    assert pool.enter(a, routable)
+    assert pool.enter(b, routable)
+    assert pool.in_flight == 2
+    assert pool.saturated(routable)
+    assert not pool.enter(c, routable)
+    assert pool.offer(0.0, c) == []
+    assert pool.admit(0.0, routable) is None  # full: c waits
+    assert not pool.enter(d, routable)  # someone waits: no jumping the queue
+    assert pool.offer(0.0, d) == [d]  # and the queue (1) is full
+    pool.leave(a, (10, 5))
+    assert pool.admit(1.0, routable) is c
+    assert pool.in_flight == 2
+    assert pool.admit(1.0, routable) is None
+    assert pool.queue_max == 1
+    late = ticket("e", deadline=2.0)
+    pool.offer(1.0, late)
+    assert pool.expire(3.0) == [late]
+    assert not pool.queue
 
 
 def test_a_gauge_moves_a_full_scrape_by_the_requests_ended_since() -> None:
     """Without it a scrape taken while the pool was full holds every queued request back
     until the next scrape, however many requests end meanwhile."""
-    gauge = PoolGauge(AdmissionConfig(max_num_seqs=4))
+    gauge = PoolGauge(AdmissionConfig(), 4)
     full = _replicas(4, 1.0)
     assert gauge.saturated(full, 8)
     assert not gauge.saturated(full, 6)  # two ended since the scrape

@@ -41,7 +41,7 @@ G = ScaleGuard
 
 
 def config(**overrides: object) -> AutoscaleConfig:
-    base: dict[str, object] = {"max_num_seqs": SEQS, "max_replicas": 20}
+    base: dict[str, object] = {"max_replicas": 20}
     return AutoscaleConfig.model_validate(base | overrides)
 
 
@@ -200,7 +200,7 @@ def test_cold_start_only_with_scale_to_zero() -> None:
 
 
 def test_core_sizes_for_the_target() -> None:
-    policy = AutoscalePolicy(config())
+    policy = AutoscalePolicy(config(), SEQS)
     decision = policy.decide(0.0, pool(4, 0.65))
     assert (decision.desired, decision.direction, decision.bound_by) == (
         4,
@@ -212,12 +212,12 @@ def test_core_sizes_for_the_target() -> None:
 
 
 def test_no_ready_replica_keeps_what_is_starting() -> None:
-    decision = AutoscalePolicy(config()).decide(0.0, pool(0, 0.0, starting=3))
+    decision = AutoscalePolicy(config(), SEQS).decide(0.0, pool(0, 0.0, starting=3))
     assert (decision.desired, decision.bound_by, decision.drain) == (3, G.NO_SIGNAL, ())
 
 
 def test_spike_scales_up_in_the_call_that_sees_panic() -> None:
-    policy = AutoscalePolicy(config())
+    policy = AutoscalePolicy(config(), SEQS)
     now = 0.0
     for _ in range(60):
         policy.decide(now, pool(4, 0.5))
@@ -238,7 +238,7 @@ def test_spike_scales_up_in_the_call_that_sees_panic() -> None:
 
 def test_slow_decline_waits_for_the_cooldown_and_steps_one_at_a_time() -> None:
     c = config(scale_down_cooldown=120.0)
-    policy = AutoscalePolicy(c)
+    policy = AutoscalePolicy(c, SEQS)
     n = policy.decide(0.0, pool(4, 1.3)).desired  # → 8, scale-up at 0
     assert n == 8
     downs: list[tuple[float, int]] = []
@@ -262,7 +262,7 @@ def test_scale_up_promotes_ready_standbys_first_then_cold_starts() -> None:
         Standby(rid(12), ready=True, since=2.0),
     )
     c = config(prewarm=2)
-    d = AutoscalePolicy(c).decide(0.0, pool(2, 3.0, standbys=standbys))  # 6 / 0.65 → 10
+    d = AutoscalePolicy(c, SEQS).decide(0.0, pool(2, 3.0, standbys=standbys))  # 6 / 0.65 → 10
     assert d.desired == 10
     assert d.promote == (rid(12), rid(11), rid(10))
     assert d.cold_starts == 5
@@ -271,7 +271,7 @@ def test_scale_up_promotes_ready_standbys_first_then_cold_starts() -> None:
 
 def test_prewarm_pool_is_refilled_without_scaling() -> None:
     standbys = (Standby(rid(9), ready=True, since=0.0),)
-    d = AutoscalePolicy(config(prewarm=3)).decide(0.0, pool(3, 0.6, standbys=standbys))
+    d = AutoscalePolicy(config(prewarm=3), SEQS).decide(0.0, pool(3, 0.6, standbys=standbys))
     assert (d.direction, d.promote, d.prewarm_starts) == (ScaleDirection.HOLD, (), 2)
 
 
@@ -290,7 +290,7 @@ def test_drain_prefers_idle_then_newest_and_never_ready_over_broken() -> None:
 
 def test_scale_to_zero_after_idle_and_back_on_demand() -> None:
     c = config(scale_to_zero=True, min_replicas=0, idle_time=100.0, scale_down_cooldown=10.0)
-    policy = AutoscalePolicy(c)
+    policy = AutoscalePolicy(c, SEQS)
     n, t = 1, 0.0
     while n > 0 and t < 1000.0:
         n = policy.decide(t, pool(n, 0.0)).desired
@@ -302,7 +302,7 @@ def test_scale_to_zero_after_idle_and_back_on_demand() -> None:
 
 
 def test_snapshot_names_the_memory() -> None:
-    policy = AutoscalePolicy(config())
+    policy = AutoscalePolicy(config(), SEQS)
     policy.decide(0.0, pool(4, 1.3, demand=10.0))
     snap = policy.snapshot()
     assert snap.last_up == 0.0
@@ -312,7 +312,7 @@ def test_snapshot_names_the_memory() -> None:
 
 
 def test_time_going_back_is_a_bug() -> None:
-    policy = AutoscalePolicy(config())
+    policy = AutoscalePolicy(config(), SEQS)
     policy.decide(5.0, pool(2, 0.5))
     with pytest.raises(ValueError, match="before the last decision"):
         policy.decide(4.0, pool(2, 0.5))
@@ -359,7 +359,7 @@ def test_a_decision_measures_utilisation_with_the_shared_pool_utilisation(
         return pool_utilisation(listed, seqs)
 
     monkeypatch.setattr(autoscale, "pool_utilisation", spy)
-    decision = AutoscalePolicy(config()).decide(0.0, pool(3, 0.4, starting=1))
+    decision = AutoscalePolicy(config(), SEQS).decide(0.0, pool(3, 0.4, starting=1))
     assert calls == [3]
     assert decision.inputs.utilisation == pytest.approx(0.4)
 
@@ -367,7 +367,7 @@ def test_a_decision_measures_utilisation_with_the_shared_pool_utilisation(
 def test_the_decision_record_carries_the_decision_its_inputs_and_the_pools_queue() -> None:
     standby = (Standby(rid(7), ready=True, since=1.0),)
     view = PoolView(MODEL, pool(2, 0.9).replicas, 1.5, standby, held=2)
-    decision = AutoscalePolicy(config(prewarm=1)).decide(10.0, view)
+    decision = AutoscalePolicy(config(prewarm=1), SEQS).decide(10.0, view)
     record = decision_record(decision, view)
     assert json.loads(json.dumps(record)) == record  # JSON as it is
     assert record["model"] == MODEL

@@ -99,12 +99,11 @@ def _run(forecast: bool) -> tuple[int, int]:
     had fewer replicas than the load an horizon later needs, and forecast-bound decisions."""
     config = AutoscaleConfig(
         max_replicas=40,
-        max_num_seqs=100,
         provisioning_horizon=HORIZON,
         scale_down_cooldown=600.0,
         forecast=ForecastConfig(enabled=forecast),
     )
-    policy = AutoscalePolicy(config)
+    policy = AutoscalePolicy(config, 100)
     n, short, by_forecast, t = 2, 0, 0, 0.0
     while t < 2 * DAY:
         demand = diurnal(t)

@@ -52,7 +52,6 @@ def configs(draw: st.DrawFn) -> AutoscaleConfig:
     return AutoscaleConfig(
         min_replicas=low,
         max_replicas=draw(st.integers(max(low, 1), 12)),
-        max_num_seqs=100,
         scale_down_cooldown=draw(st.sampled_from([0.0, 30.0, 300.0])),
         scale_down_step=draw(st.integers(1, 3)),
         scale_to_zero=to_zero,
@@ -75,7 +74,7 @@ def _pool(n: int, u: float, demand: float, held: int, prewarm: int) -> PoolView:
 
 def _drive(config: AutoscaleConfig, steps: list[Step]) -> list[ScaleDecision]:
     """Decide on each step; the actuator applies a decision only on steps that say so."""
-    policy = AutoscalePolicy(config)
+    policy = AutoscalePolicy(config, 100)
     n, now, decisions = config.min_replicas, 0.0, []
     for dt, u, demand, held, actuate in steps:
         now += dt

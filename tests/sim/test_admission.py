@@ -34,7 +34,7 @@ def small_fleet(*, auth: bool) -> FleetConfig:
             ],
             "tenants": {
                 "auth": auth,
-                "admission": {"max_num_seqs": SEQS, "max_queue": 64, "max_wait": 5.0},
+                "admission": {"max_queue": 64, "max_wait": 5.0},
             },
         }
     )

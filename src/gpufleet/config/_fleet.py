@@ -39,6 +39,27 @@ from gpufleet.policy import (
 _NAME: Final = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 """A model's name names its pool and replicas (``llama-3.1-8b-0``) and their log files."""
 _NAMESPACE: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+DEFAULT_MAX_NUM_SEQS: Final = 256
+"""vLLM's (and ``gpufleet engine sim``'s) default ``--max-num-seqs``."""
+
+
+def engine_max_num_seqs(args: tuple[str, ...]) -> int:
+    """The running-batch cap engine ``args`` set (``--max-num-seqs N`` or ``=N``; the last
+    one wins, as on the engine's command line), else :data:`DEFAULT_MAX_NUM_SEQS`."""
+    seqs = DEFAULT_MAX_NUM_SEQS
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag != "--max-num-seqs":
+            continue
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        try:
+            seqs = int(value)
+        except ValueError:
+            raise ValueError(f"args: --max-num-seqs {value!r} is not an integer") from None
+        if seqs < 1:
+            raise ValueError(f"args: --max-num-seqs must be at least 1, got {seqs}")
+    return seqs
 
 
 class _Strict(BaseModel):
@@ -168,6 +189,7 @@ class ModelConfig(_Strict):
             return self
         if self.endpoints:
             raise ValueError(f"endpoints are for external models, not {self.engine.value!r}")
+        engine_max_num_seqs(self.args)  # a bad --max-num-seqs is the file's error, not later
         scale, count = self.autoscale, self.replicas
         if (
             scale is not None
@@ -190,6 +212,14 @@ class ModelConfig(_Strict):
     def served_model(self) -> str:
         """The model the engine loads (``model``, or ``name``)."""
         return self.model or self.name
+
+    @property
+    def max_num_seqs(self) -> int:
+        """The engines' running-batch cap: ``--max-num-seqs`` in ``args``, else vLLM's 256
+        (an external model: 256, its engine's flags are not known here). The one value
+        saturation is judged by, for this pool's admission gate and its autoscaler, live
+        and simulated (the simulator's replicas run with it too)."""
+        return engine_max_num_seqs(self.args)
 
     @property
     def startup_timeout(self) -> float:

@@ -161,7 +161,7 @@ class AutoscaleController:
         self.hold_timeout = settings.hold_timeout
         self.retry_after = config.gateway.retry_after
         self.pools = {
-            m.name: _Pool(m.autoscale, AutoscalePolicy(m.autoscale))
+            m.name: _Pool(m.autoscale, AutoscalePolicy(m.autoscale, m.max_num_seqs))
             for m in config.models
             if m.autoscale is not None
         }

@@ -114,7 +114,7 @@ class Tenancy:
         self.quotas = Quotas(clock) if redis_url is None else RedisQuotas(redis_url, clock)
         """rpm, tpm and concurrency per tenant: this gateway's own, or shared through Redis."""
         self.gates: dict[str, AdmissionGate] = {}
-        self._models = [m.name for m in fleet.models]
+        self._models = {m.name: m.max_num_seqs for m in fleet.models}
         self._taken = 0
         self._applied = 0
         self._denials: dict[tuple[str | None, int], _Denials] = {}
@@ -129,7 +129,10 @@ class Tenancy:
             logger.warning("replayed %d ledger/audit records a stopped gateway left", replayed)
         self.reload()
         admission = self.config.admission
-        self.gates = {m: AdmissionGate(m, admission, view, self._clock) for m in self._models}
+        self.gates = {
+            m: AdmissionGate(m, admission, seqs, view, self._clock)
+            for m, seqs in self._models.items()
+        }
 
     def close(self) -> None:
         self.flush_denials()

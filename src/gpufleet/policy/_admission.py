@@ -1,13 +1,15 @@
 """Admission: a bounded queue in front of a saturated pool, strict priority classes, and
 weighted fair sharing of GPU work across tenants within a class.
 
-Pure and clock-injected; the gateway feeds it live, the simulator in virtual time::
+Pure and clock-injected; the gateway drives it live (futures, an asyncio timer), the
+simulator in virtual time (events), both through one :class:`PoolAdmission` per pool::
 
-    queue, gauge = FairQueue(AdmissionConfig()), PoolGauge(config)
-    shed = queue.offer(now, ticket)        # tickets refused (the newcomer or a lower one)
-    while queue and (t := queue.admit(now, gauge.level(routable, in_flight))):  start t
-    queue.end(t, (uncached_prompt_tokens, output_tokens))   # when t completes
-    expired = queue.expire(now)            # deadlines passed while queued: refuse them
+    pool = PoolAdmission(config, model.max_num_seqs)
+    if not pool.enter(ticket, routable):   # nobody waits and below saturation: started
+        shed = pool.offer(now, ticket)     # tickets refused (the newcomer or a lower one)
+    while t := pool.admit(now, routable):  start t       # at each arrival, end and tick
+    pool.leave(t, (uncached_prompt_tokens, output_tokens))  # when t completes
+    expired = pool.expire(now)             # every config.tick while queued: refuse them
 
 Fairness is the virtual token counter of "Fairness in Serving Large Language Models"
 (Sheng et al., OSDI 2024): every tenant has a counter of the service it got, divided by its
@@ -62,8 +64,6 @@ class AdmissionConfig(BaseModel):
     saturation: float = Field(1.0, gt=0.0)
     """A pool is saturated (requests queue at the gateway) at this
     :func:`~gpufleet.policy.saturation` (1.0: every replica holds what it can run)."""
-    max_num_seqs: int = Field(256, ge=1)
-    """The engines' running-batch cap (vLLM's ``--max-num-seqs``), for saturation."""
     max_queue: int = Field(1024, ge=0)
     """Requests waiting at the gateway, over all tenants; a full queue sheds."""
     max_wait: float = Field(30.0, gt=0.0)
@@ -71,6 +71,9 @@ class AdmissionConfig(BaseModel):
     ``x-gpufleet-deadline-ms`` may ask for less)."""
     output_weight: float = Field(2.0, ge=0.0)
     """An output token's cost in prompt tokens in the fair-share counter (VTC's w_q/w_p)."""
+    tick: float = Field(0.05, gt=0.0)
+    """Seconds between two looks at a non-empty queue (deadlines, and room only a scrape
+    shows); the gateway's timer and the simulator's release events alike."""
     reserve_saturation: float = Field(1.0, ge=0.0)
     """Fair-share headroom: up to this saturation a request still starts at once if its
     tenant's running and queued requests fit in its weighted fair share of the pool's
@@ -83,24 +86,26 @@ def pool_saturated(
     routable: Sequence[ReplicaView],
     in_flight: int,
     config: AdmissionConfig,
+    max_num_seqs: int,
     since_scrape: int = 0,
 ) -> bool:
     """Whether a pool's requests must queue: :func:`pool_level` at or above
     ``config.saturation``."""
-    return pool_level(routable, in_flight, config, since_scrape) >= config.saturation
+    return pool_level(routable, in_flight, max_num_seqs, since_scrape) >= config.saturation
 
 
 def pool_level(
     routable: Sequence[ReplicaView],
     in_flight: int,
-    config: AdmissionConfig,
+    max_num_seqs: int,
     since_scrape: int = 0,
 ) -> float:
     """How full a pool is for admission: the shared saturation definition.
 
     The larger of the pool's :func:`pool_utilisation` from its replicas' last scrape and the
     admitting side's own count of requests let in (``in_flight``) spread over ``routable``
-    (a scrape lags; the count does not), at or above ``config.saturation``. The scrape is
+    (a scrape lags; the count does not), both against the pool's engines' ``max_num_seqs``
+    (``ModelConfig.max_num_seqs``: its ``--max-num-seqs``). The scrape is
     moved by ``since_scrape``, the change of the own count since it was taken (requests
     started minus requests ended): without that, a scrape taken while the pool was full
     would hold every queued request back until the next scrape, though requests ended
@@ -109,7 +114,7 @@ def pool_level(
     """
     if not routable:
         return 0.0
-    seqs = config.max_num_seqs
+    seqs = max_num_seqs
     scraped = pool_utilisation(routable, seqs)
     if scraped is not None:
         scraped += since_scrape / (len(routable) * seqs)
@@ -124,10 +129,14 @@ class PoolGauge:
     the own count then is the base that later changes are measured from.
     """
 
-    __slots__ = ("_base", "_seen", "config")
+    __slots__ = ("_base", "_seen", "config", "max_num_seqs")
 
-    def __init__(self, config: AdmissionConfig) -> None:
+    def __init__(self, config: AdmissionConfig, max_num_seqs: int) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
         self.config = config
+        self.max_num_seqs = max_num_seqs
+        """The pool's engines' running-batch cap (``ModelConfig.max_num_seqs``)."""
         self._seen: float | None = None
         self._base = 0
 
@@ -143,7 +152,7 @@ class PoolGauge:
         if seen != self._seen:
             self._seen = seen
             self._base = in_flight
-        return pool_level(routable, in_flight, self.config, in_flight - self._base)
+        return pool_level(routable, in_flight, self.max_num_seqs, in_flight - self._base)
 
 
 @dataclass(slots=True)
@@ -382,3 +391,73 @@ class FairQueue:
             if t.deadline is not None
         ]
         return min(deadlines, default=None)
+
+
+class PoolAdmission:
+    """One pool's admission, the state machine both shells drive: its :class:`FairQueue`,
+    its :class:`PoolGauge` and the count of tickets it let in (``in_flight``).
+
+    A ticket starts at once (:meth:`enter`) if nobody waits and the pool is below
+    ``saturation``; otherwise it is :meth:`offer`-ed to the queue. The shell then pumps
+    (:meth:`admit` until ``None``) at that arrival, whenever a started ticket :meth:`leave`-s
+    and every ``config.tick`` while the queue is non-empty, after :meth:`expire`. A started
+    ticket is counted in flight until :meth:`leave`. ``routable`` is the pool's routable
+    replicas as the shell sees them at that moment (the gauge moves its last scrape by the
+    own count since).
+    """
+
+    __slots__ = ("config", "gauge", "in_flight", "queue", "queue_max")
+
+    def __init__(self, config: AdmissionConfig, max_num_seqs: int) -> None:
+        self.config = config
+        self.queue = FairQueue(config)
+        self.gauge = PoolGauge(config, max_num_seqs)
+        self.in_flight = 0
+        self.queue_max = 0
+        """The longest the queue has been."""
+
+    def level(self, routable: Sequence[ReplicaView]) -> float:
+        return self.gauge.level(routable, self.in_flight)
+
+    def saturated(self, routable: Sequence[ReplicaView]) -> bool:
+        # No routable replica: not saturated (nothing to wait for: routing refuses).
+        return self.gauge.saturated(routable, self.in_flight)
+
+    def enter(self, ticket: Ticket, routable: Sequence[ReplicaView]) -> bool:
+        """Start ``ticket`` at once (counted, charged) if nobody waits and the pool is not
+        saturated; ``False``: it must be :meth:`offer`-ed."""
+        if self.queue or self.saturated(routable):
+            return False
+        self.queue.start(ticket)
+        self.in_flight += 1
+        return True
+
+    def offer(self, now: float, ticket: Ticket) -> list[Ticket]:
+        """Queue ``ticket``; the tickets shed to make room (possibly ``ticket`` itself)."""
+        shed = self.queue.offer(now, ticket)
+        self.queue_max = max(self.queue_max, len(self.queue))
+        return shed
+
+    def admit(self, now: float, routable: Sequence[ReplicaView]) -> Ticket | None:
+        """The next queued ticket that may start now (started: counted in flight and
+        charged; :meth:`FairQueue.admit` at the pool's level), or ``None``."""
+        if not self.queue:
+            return None
+        ticket = self.queue.admit(now, self.level(routable))
+        if ticket is not None:
+            self.in_flight += 1
+        return ticket
+
+    def leave(self, ticket: Ticket, work: tuple[int, int] | None) -> None:
+        """A started ticket ended (or never ran); ``work`` = (uncached prompt, output
+        tokens) if known. Pump after: a queued ticket may start."""
+        self.in_flight -= 1
+        self.queue.end(ticket, work)
+
+    def discard(self, ticket: Ticket) -> bool:
+        """Take a queued ticket out (its client left); whether it was queued."""
+        return self.queue.discard(ticket)
+
+    def expire(self, now: float) -> list[Ticket]:
+        """Remove and return the queued tickets whose deadline passed (refuse them)."""
+        return self.queue.expire(now)

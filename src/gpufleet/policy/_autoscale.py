@@ -218,8 +218,13 @@ class _State:
 class AutoscalePolicy:
     """Pure autoscaler of one model pool: ``decide(now, pool)``, memory in named fields."""
 
-    def __init__(self, config: AutoscaleConfig) -> None:
+    def __init__(self, config: AutoscaleConfig, max_num_seqs: int) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
         self.config = config
+        self.max_num_seqs = max_num_seqs
+        """The pool's engines' running-batch cap (``ModelConfig.max_num_seqs``), for
+        :func:`saturation`: the same value the pool's admission gate judges by."""
         self._state = _State()
         self._forecaster = DemandForecaster(config.forecast)
 
@@ -284,7 +289,7 @@ class AutoscalePolicy:
         config, state = self.config, self._state
         ready = [r for r in pool.replicas if r.state in ROUTABLE]
         current = sum(1 for r in pool.replicas if r.state in SCALED)
-        utilisation = pool_utilisation(ready, config.max_num_seqs)
+        utilisation = pool_utilisation(ready, self.max_num_seqs)
         if utilisation is not None:
             state.samples.append(UtilisationSample(now, len(ready), utilisation, pool.demand))
         while state.samples and state.samples[0].at <= now - config.stable_window:

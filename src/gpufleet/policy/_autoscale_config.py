@@ -49,8 +49,6 @@ class AutoscaleConfig(_AutoscaleSettings):
     target_utilisation: float = Field(0.65, gt=0.0, le=1.0)
     """Mean saturation per ready replica the pool is sized for: scale out at 60–70 %, not
     90 %, because capacity takes minutes to arrive."""
-    max_num_seqs: int = Field(256, ge=1)
-    """The engines' running-batch cap (vLLM's ``--max-num-seqs``), for :func:`saturation`."""
     stable_window: float = Field(60.0, gt=0.0)
     """Seconds of utilisation averaged for the ordinary decision (Knative's stable window)."""
     panic_window: float = Field(6.0, gt=0.0)

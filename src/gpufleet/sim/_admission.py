@@ -3,8 +3,10 @@
 The gateway (``gpufleet.gateway._admission``) lets a request start at once while its pool is
 not saturated and nobody waits; otherwise the request waits in the pool's
 :class:`~gpufleet.policy.FairQueue` (strict classes, fair share of GPU work between tenants,
-bounded, deadlines). :class:`SimAdmission` drives that same pure queue in virtual time, in
-front of the fleet's routers::
+bounded, deadlines), through one :class:`~gpufleet.policy.PoolAdmission` per pool (when to
+start at once, to queue, to pump and to expire). :class:`SimAdmission` drives that same
+pure state machine in virtual time, in front of the fleet's routers, keeping only its
+events::
 
     Arrival ─► tenant (the trace's, or drawn from the mix) ─► ticket
             ─► pool not saturated and nobody waits? ─► start: route + submit now
@@ -18,7 +20,7 @@ What the gate reads is what the gateway's reads, with the same staleness:
 over the routing view rebuilt at each scrape (``gateway.scrape_interval``; admission makes
 every pool scraped) and the gate's own count of the requests it let in. When it looks is
 the gateway's too: at each arrival, the instant a request ends (a :class:`Release` at that
-very time), and every ``tick`` (50 ms, the gateway's) while a queue is non-empty, for
+very time), and every ``admission.tick`` (50 ms, the gateway's) while a queue is non-empty, for
 deadlines and for room that only a scrape shows. A start at the instant of another
 replica's step end needs every replica at that instant, so with admission on the replicas
 do not fast-forward (``FleetSimulation`` turns ``fast_forward`` off; under saturation
@@ -34,12 +36,12 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
 from typing import TYPE_CHECKING, Any, Final
 
-from gpufleet.policy import CLASSES, AdmissionConfig, FairQueue, PoolGauge, Ticket
+from gpufleet.policy import CLASSES, AdmissionConfig, PoolAdmission, PoolGauge, Ticket
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
 from gpufleet.sim._replica_driver import ReplicaDriver
 from gpufleet.sim._traces import TraceRequest
@@ -51,8 +53,6 @@ if TYPE_CHECKING:
 
 ANONYMOUS: Final = "anonymous"
 """The tenant of a request that names none when no mix is given (the gateway's auth-off)."""
-RELEASE_TICK: Final = 0.05
-"""Default simulated seconds between two looks at a non-empty queue (the gateway's)."""
 
 _UNSTARTED = math.nan
 """Queue wait of a request that never started (shed, expired)."""
@@ -170,18 +170,6 @@ class _Held:
     pool: str
 
 
-class _Gate:
-    """One pool's queue and the count of requests it let in (the gateway's AdmissionGate)."""
-
-    __slots__ = ("gauge", "in_flight", "queue", "queue_max")
-
-    def __init__(self, config: AdmissionConfig) -> None:
-        self.queue = FairQueue(config)
-        self.gauge = PoolGauge(config)
-        self.in_flight = 0
-        self.queue_max = 0
-
-
 class SimAdmission:
     """The harness's gate (``FleetHarness.gate``) and a :class:`~gpufleet.sim.Routing` around
     the fleet's :class:`~gpufleet.sim.PolicyRouting` (to hear of every end).
@@ -216,18 +204,19 @@ class SimAdmission:
         inner: PolicyRouting,
         config: AdmissionConfig,
         mix: TenantMix,
+        max_num_seqs: Mapping[str, int],
         *,
         enabled: bool = True,
-        tick: float = RELEASE_TICK,
     ) -> None:
-        if not (math.isfinite(tick) and tick > 0):
-            raise ValueError(f"the release tick must be > 0 seconds, got {tick}")
         self.inner = inner
         self.config = config
         self.mix = mix
         self.enabled = enabled
-        self.tick = tick
-        self._gates = {name: _Gate(config) for name in inner.pool_names()}
+        self.tick = config.tick
+        """Simulated seconds between two looks at a non-empty queue (the gateway's)."""
+        self._gates = {
+            name: PoolAdmission(config, max_num_seqs[name]) for name in inner.pool_names()
+        }
         self._harness: FleetHarness | None = None
         self._log: RequestLog | None = None
         self._armed = False
@@ -253,6 +242,10 @@ class SimAdmission:
         self._log = harness.recorder.log
         harness.gate = self
         harness.routing = self
+
+    def gauge(self, pool: str) -> PoolGauge:
+        """``pool``'s saturation gauge (its ``max_num_seqs`` is the pool's engines')."""
+        return self._gates[pool].gauge
 
     def tenants(self) -> list[str]:
         """Tenant names, in order of first arrival (``tenant_ids`` index them)."""
@@ -285,43 +278,30 @@ class SimAdmission:
             deadline=now + self.config.max_wait,
             arrived=now,
         )
-        if not gate.queue and not self._saturated(pool, gate):
-            gate.queue.start(ticket)
-            return self._start(now, gate, pool, ticket, _Held(index, request, prompt, pool))
+        if gate.enter(ticket, self.inner.view.routable(pool)):
+            return self._start(now, pool, ticket, _Held(index, request, prompt, pool))
         self._held[ticket.id] = _Held(index, request, prompt, pool)
-        for shed in gate.queue.offer(now, ticket):
+        for shed in gate.offer(now, ticket):
             self._refuse(now, shed, self.shed)
-        gate.queue_max = max(gate.queue_max, len(gate.queue))
         events = self._pump(now, pool, gate)
         if not self._armed and gate.queue:
             self._armed = True
             harness.kernel.schedule(now + self.tick, URGENT, Release(self))
         return events
 
-    def _saturated(self, pool: str, gate: _Gate) -> bool:
-        return gate.gauge.saturated(self.inner.view.routable(pool), gate.in_flight)
-
-    def _level(self, pool: str, gate: _Gate) -> float:
-        return gate.gauge.level(self.inner.view.routable(pool), gate.in_flight)
-
-    def _start(
-        self, now: float, gate: _Gate, pool: str, ticket: Ticket, held: _Held
-    ) -> list[ScheduledEvent]:
+    def _start(self, now: float, pool: str, ticket: Ticket, held: _Held) -> list[ScheduledEvent]:
+        """A ticket the gate started (counted in flight): route and submit it now."""
         harness = self._harness
         assert harness is not None
-        gate.in_flight += 1
         self._started[held.index] = (ticket, pool)
         self.waits[held.index] = now - ticket.arrived
         return harness.dispatch(now, held.index, held.request, held.prompt)
 
-    def _pump(self, now: float, pool: str, gate: _Gate) -> list[ScheduledEvent]:
+    def _pump(self, now: float, pool: str, gate: PoolAdmission) -> list[ScheduledEvent]:
         events: list[ScheduledEvent] = []
-        queue = gate.queue
-        while queue:
-            ticket = queue.admit(now, self._level(pool, gate))
-            if ticket is None:
-                break
-            events += self._start(now, gate, pool, ticket, self._held.pop(ticket.id))
+        routable = self.inner.view.routable
+        while (ticket := gate.admit(now, routable(pool))) is not None:
+            events += self._start(now, pool, ticket, self._held.pop(ticket.id))
         return events
 
     def _refuse(self, now: float, ticket: Ticket, counts: dict[str, int]) -> None:
@@ -339,7 +319,7 @@ class SimAdmission:
             if not gate.queue:
                 continue
             if event.periodic:
-                for ticket in gate.queue.expire(now):
+                for ticket in gate.expire(now):
                     self._refuse(now, ticket, self.expired)
             events += self._pump(now, pool, gate)
         if not event.periodic:
@@ -389,8 +369,7 @@ class SimAdmission:
             return
         ticket, pool = started
         gate = self._gates[pool]
-        gate.in_flight -= 1
-        gate.queue.end(ticket, work)
+        gate.leave(ticket, work)
         harness = self._harness
         if gate.queue and harness is not None and self._ended_at != now:
             # Called from a replica's step end (a local event): legal as a shared event at
@@ -459,7 +438,9 @@ class SimAdmission:
             "admission": {
                 "on": self.enabled,
                 "saturation": config.saturation,
-                "max_num_seqs": config.max_num_seqs,
+                "max_num_seqs": {
+                    pool: gate.gauge.max_num_seqs for pool, gate in self._gates.items()
+                },
                 "max_queue": config.max_queue,
                 "max_wait_s": config.max_wait,
                 "output_weight": config.output_weight,

@@ -186,7 +186,7 @@ class Autoscaling:
                 inst.serving_at, inst.driver = 0.0, k
                 self._track(inst)
             if entry.autoscale is not None:
-                policy = AutoscalePolicy(entry.autoscale)
+                policy = AutoscalePolicy(entry.autoscale, entry.max_num_seqs)
                 self.pools[entry.name] = PoolScaling(entry.name, policy, entry.startup)
         self._gpus = {m.name: m.tp for m in models}
 

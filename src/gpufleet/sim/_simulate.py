@@ -22,7 +22,7 @@ from gpufleet.catalog import CatalogError, get_gpu, get_model
 from gpufleet.config import FleetConfig, ModelConfig
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
 from gpufleet.fleet import ReplicaId, ReplicaState
-from gpufleet.sim._admission import RELEASE_TICK, SimAdmission, SimTenant, TenantMix
+from gpufleet.sim._admission import SimAdmission, SimTenant, TenantMix
 from gpufleet.sim._autoscale import Autoscaling
 from gpufleet.sim._faults import Fault, FaultInjector, MtbfFault, fault_spec
 from gpufleet.sim._harness import FleetHarness
@@ -68,8 +68,6 @@ class SimOptions:
     tenants: tuple[SimTenant, ...] = ()
     """Tenants' weights and classes (live: the store's), and their shares of the trace's
     requests that name no tenant. With none, untagged requests are ``anonymous``."""
-    admission_tick: float = RELEASE_TICK
-    """Simulated seconds between two looks at a non-empty admission queue."""
 
 
 def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
@@ -169,8 +167,8 @@ class FleetSimulation:
                 self.routing,
                 fleet.tenants.admission,
                 TenantMix(options.tenants, options.seed),
+                {m.name: m.max_num_seqs for m in fleet.models},
                 enabled=admitting,
-                tick=options.admission_tick,
             )
             self.admission.attach(self.harness)
         known = set(self.replica_ids)

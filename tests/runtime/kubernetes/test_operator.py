@@ -192,8 +192,8 @@ async def test_a_pod_not_in_any_slice_yet_is_published_as_starting_so_the_autosc
     node (no IP) was missing, so every autoscaler tick saw too few and decided UP again."""
     for pod in ("pod-a", "pod-b"):
         fake.set_pod(SVC, pod)
-    config = AutoscaleConfig(min_replicas=2, max_replicas=3, max_num_seqs=1, stable_window=10)
-    policy = AutoscalePolicy(config)
+    config = AutoscaleConfig(min_replicas=2, max_replicas=3, stable_window=10)
+    policy = AutoscalePolicy(config, 1)
     async with serving(fake) as url, operator(fake, url) as runtime:
         snapshot = await until(runtime, lambda s: len(s.ready(POOL)) == 2 and s.desired[POOL] == 2)
         assert unseen(snapshot) == []

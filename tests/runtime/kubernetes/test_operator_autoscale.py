@@ -46,7 +46,6 @@ def fleet_yaml(api: str) -> str:
     autoscale = {
         "min_replicas": 2,
         "max_replicas": 3,
-        "max_num_seqs": SEQS,
         "stable_window": 2,
         "panic_window": 1,
         "scale_down_cooldown": 1,
@@ -58,6 +57,7 @@ def fleet_yaml(api: str) -> str:
             {
                 "name": MODEL,
                 "replicas": 2,
+                "args": ["--max-num-seqs", str(SEQS)],  # what saturation is judged by
                 "routing": "least_request",
                 "health": {"active": {"interval": 0.2}},
                 "autoscale": autoscale,
