@@ -186,3 +186,38 @@ def test_append_never_waits_for_the_flushers_fsync(
     monkeypatch.setattr(os, "fsync", real_fsync)
     journal.close()
     assert store.usage_ids() == {"before", "during"}
+
+
+def test_a_flush_returns_only_when_what_came_before_is_in_the_database(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flusher thread may be between taking a batch and committing it (here: held in a
+    stand-in ``fsync`` that blocks until released) when another flush (``close``, a test)
+    starts: that flush must wait for it, not return with the batch still in flight."""
+    syncing, release = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        syncing.set()
+        release.wait(10)
+        real_fsync(fd)
+
+    journal = store.journal(tmp_path / "journal", flush_interval=3600)
+    journal.start()
+    journal.append("usage", usage_row("r1"))
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    flusher = threading.Thread(target=journal.flush)
+    flusher.start()
+    try:
+        assert syncing.wait(5)
+        second = threading.Thread(target=journal.flush)
+        second.start()
+        second.join(0.5)
+        assert second.is_alive(), "a flush returned while the batch before it was uncommitted"
+    finally:
+        release.set()
+        flusher.join()
+    second.join()
+    assert store.usage_ids() == {"r1"}
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    journal.close()

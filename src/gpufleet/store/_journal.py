@@ -106,6 +106,9 @@ class Journal:
         self._interval = flush_interval
         self._dir = root / uuid.uuid4().hex
         self._lock = threading.Lock()
+        """Guards the open file and ``_pending``: ``append`` takes it, for microseconds."""
+        self._flushing = threading.Lock()
+        """Serialises flushes (they own ``_unflushed`` and ``_sealed``)."""
         self._pending: list[Record] = []
         self._unflushed: list[Record] = []
         self._sealed: list[Path] = []
@@ -142,7 +145,14 @@ class Journal:
             self._written = True
 
     def flush(self) -> None:
-        """Move what was appended into the sink (the flusher calls this every interval)."""
+        """Move what was appended into the sink (the flusher calls this every interval).
+
+        Flushes run one at a time: a caller's flush (``close``, a test) waits for the flusher's
+        batch in progress, so when it returns everything appended before it is in the sink."""
+        with self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
         old_fd = -1
         with self._lock:
             batch, self._pending = self._pending, []
