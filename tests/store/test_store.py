@@ -155,35 +155,45 @@ def test_a_failing_database_keeps_the_records_for_the_next_flush(tmp_path: Path)
     assert journal.failures == 1
 
 
+class StalledFlush:
+    """A flush held inside its ``fsync`` (a stand-in that blocks until released: a real disk
+    cannot be made slow on demand), on the flusher's own thread."""
+
+    def __init__(self, journal: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.syncing, self.release = threading.Event(), threading.Event()
+        real_fsync = os.fsync
+
+        def slow_fsync(fd: int) -> None:
+            self.syncing.set()
+            self.release.wait(10)
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        self.flusher = threading.Thread(target=journal.flush)
+        self.flusher.start()
+        assert self.syncing.wait(5)
+
+    def finish(self) -> None:
+        self.release.set()
+        self.flusher.join()
+
+
 def test_append_never_waits_for_the_flushers_fsync(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``append`` runs on the gateway's event loop: a slow disk (a stand-in ``fsync`` that
-    blocks until released; a real one cannot be made slow on demand) must not stall it."""
-    syncing, release = threading.Event(), threading.Event()
-    real_fsync = os.fsync
-
-    def slow_fsync(fd: int) -> None:
-        syncing.set()
-        release.wait(10)
-        real_fsync(fd)
-
+    """``append`` runs on the gateway's event loop: a slow disk must not stall it."""
     journal = store.journal(tmp_path / "journal", flush_interval=3600)
     journal.start()
     journal.append("usage", usage_row("before"))
-    monkeypatch.setattr(os, "fsync", slow_fsync)
-    flusher = threading.Thread(target=journal.flush)
-    flusher.start()
+    stalled = StalledFlush(journal, monkeypatch)
     try:
-        assert syncing.wait(5)
         appender = threading.Thread(target=journal.append, args=("usage", usage_row("during")))
         appender.start()
         appender.join(2.0)
         assert not appender.is_alive(), "append waited for the fsync"
     finally:
-        release.set()
-        flusher.join()
-    monkeypatch.setattr(os, "fsync", real_fsync)
+        stalled.finish()
+    monkeypatch.undo()
     journal.close()
     assert store.usage_ids() == {"before", "during"}
 
@@ -191,33 +201,21 @@ def test_append_never_waits_for_the_flushers_fsync(
 def test_a_flush_returns_only_when_what_came_before_is_in_the_database(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The flusher thread may be between taking a batch and committing it (here: held in a
-    stand-in ``fsync`` that blocks until released) when another flush (``close``, a test)
-    starts: that flush must wait for it, not return with the batch still in flight."""
-    syncing, release = threading.Event(), threading.Event()
-    real_fsync = os.fsync
-
-    def slow_fsync(fd: int) -> None:
-        syncing.set()
-        release.wait(10)
-        real_fsync(fd)
-
+    """The flusher may be between taking a batch and committing it when another flush
+    (``close``, a test) starts: that flush must wait for it, not return with the batch still
+    in flight."""
     journal = store.journal(tmp_path / "journal", flush_interval=3600)
     journal.start()
     journal.append("usage", usage_row("r1"))
-    monkeypatch.setattr(os, "fsync", slow_fsync)
-    flusher = threading.Thread(target=journal.flush)
-    flusher.start()
+    stalled = StalledFlush(journal, monkeypatch)
     try:
-        assert syncing.wait(5)
         second = threading.Thread(target=journal.flush)
         second.start()
         second.join(0.5)
         assert second.is_alive(), "a flush returned while the batch before it was uncommitted"
     finally:
-        release.set()
-        flusher.join()
+        stalled.finish()
     second.join()
     assert store.usage_ids() == {"r1"}
-    monkeypatch.setattr(os, "fsync", real_fsync)
+    monkeypatch.undo()
     journal.close()
