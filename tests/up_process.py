@@ -7,7 +7,8 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -52,3 +53,29 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.kill()
         process.wait()
+
+
+@contextmanager
+def sim_engine_process(*args: str, timeout: float = 30.0) -> Iterator[str]:
+    """``gpufleet engine sim --port 0 ARGS…`` as a child process (it can crash, or be
+    crashed, without taking the test along); yields its URL once ``/health`` answers."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "engine", "sim", "--port", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().split("listening on ")[1].split(",")[0].strip()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "replica process did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.kill()
+        process.communicate()

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,37 +26,15 @@ from gpufleet.store import TenantSettings
 from gpufleet.store._schema import usage
 from tests.gateway.conftest import MODEL
 from tests.gateway.tenants import serve_tenant_gateway, tenant_fleet
+from tests.up_process import sim_engine_process
 
 
-@contextmanager
-def replica_process(max_num_seqs: int, time_scale: float, seed: int) -> Iterator[str]:
+def replica_process(max_num_seqs: int, time_scale: float, seed: int) -> AbstractContextManager[str]:
     """A sim replica as a child process; yields its URL once ``/health`` answers."""
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "gpufleet", "engine", "sim", "--port", "0",
-            "--max-num-seqs", str(max_num_seqs), "--time-scale", str(time_scale),
-            "--max-model-len", "4096", "--seed", str(seed),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    return sim_engine_process(
+        "--max-num-seqs", str(max_num_seqs), "--time-scale", str(time_scale),
+        "--max-model-len", "4096", "--seed", str(seed),
     )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        url = process.stdout.readline().split("listening on ")[1].split(",")[0].strip()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "replica process did not start"
-            time.sleep(0.05)
-        yield url
-    finally:
-        process.kill()
-        process.communicate()
 
 
 @dataclass

@@ -10,12 +10,9 @@ routing view within a few seconds (and come back once it recovers).
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +21,7 @@ import httpx
 from gpufleet.engine.server import SimEngineConfig, create_app
 from gpufleet.fleet import ReplicaState
 from tests.gateway.conftest import MODEL, Running, fleet, serve_app, serve_gateway
+from tests.up_process import sim_engine_process
 
 RATE = 20.0
 """Requests per second of the steady load."""
@@ -57,34 +55,11 @@ def admin_replica(time_scale: float = 200.0, seed: int = 0) -> Iterator[str]:
         yield url
 
 
-@contextmanager
-def replica_process() -> Iterator[str]:
+def replica_process() -> AbstractContextManager[str]:
     """A sim replica as a child process (it can crash without taking the test along)."""
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "gpufleet", "engine", "sim", "--port", "0",
-            "--enable-admin", "--time-scale", "200", "--max-model-len", "4096",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        url = process.stdout.readline().split("listening on ")[1].split(",")[0].strip()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "replica process did not start"
-            time.sleep(0.05)
-        yield url
-    finally:
-        process.kill()
-        process.communicate()
+    return sim_engine_process(
+        "--enable-admin", "--time-scale", "200", "--max-model-len", "4096", timeout=20
+    )
 
 
 def set_faults(url: str, **faults: Any) -> None:
