@@ -233,7 +233,7 @@ def test_report_events_are_the_gateways_decision_records(stepped: FleetSimulatio
 
     pool = stepped.autoscaling.pools[MODEL]
     assert pool.last is not None
-    view = stepped.autoscaling.pool_view(MODEL, 0.0)
+    view = stepped.control.pools[MODEL].pool_view()
     expected = decision_record(pool.last, view).keys()
     events = stepped.report({})["autoscale"][MODEL]["events"]
     assert events

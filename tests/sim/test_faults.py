@@ -64,8 +64,7 @@ def test_a_crash_loses_requests_retries_unstarted_ones_and_restarts() -> None:
 def test_requests_lost_before_their_first_token_are_retried_elsewhere() -> None:
     # four sequences at a time: requests queue, so some are lost before their first token
     sim = run(fleet(2, args=("--max-num-seqs", "4")), "crash:replica=llama-3.1-8b-0,at=5", n=300)
-    routing = sim.routing
-    assert routing.retries > 0
+    assert sim.control.pools["llama-3.1-8b"].counters.retries > 0
     served_after = [
         r for r in sim.harness.recorder.log if not r.failed and r.arrival_s < 5.0 < r.finish_s
     ]
@@ -106,13 +105,13 @@ def test_a_blackout_freezes_the_replicas_scraped_load() -> None:
     sim = FleetSimulation(config, SimOptions(seed=1, faults=faults))
     sim.start(requests())
     sim.run(10.0)
-    view = sim.routing.view
+    view = sim.control.pools["llama-3.1-8b"].view
     frozen = view.pool("llama-3.1-8b")[1].load.observed_at
     assert frozen is not None
     assert frozen <= 5.0
     assert view.pool("llama-3.1-8b")[0].load.observed_at == pytest.approx(10.0, abs=0.25)
     sim.run(16.0)
-    resumed = sim.routing.view.pool("llama-3.1-8b")[1].load.observed_at
+    resumed = sim.control.pools["llama-3.1-8b"].view.pool("llama-3.1-8b")[1].load.observed_at
     assert resumed is not None
     assert resumed > 15.0
     sim.run()
@@ -135,7 +134,7 @@ def test_no_faults_no_change_health_keeps_every_replica_routable() -> None:
     report = sim.report({})
     assert report["faults"]["crashes"] == report["overall"]["failed"] == 0
     assert report["faults"]["ejections"]["log"] == []
-    assert all(r.state.value == "ready" for r in sim.routing.view.replicas())
+    assert all(r.state.value == "ready" for r in sim.control.pools["llama-3.1-8b"].view.replicas())
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,15 @@
 docs/design/sim-kernel.md explains the kernel and the driver, docs/traces.md the traces.
 """
 
-from gpufleet.sim._admission import SimAdmission, SimTenant, TenantMix, parse_tenant
+from gpufleet.sim._admission import SimTenant, TenantBook, TenantMix, parse_tenant
 from gpufleet.sim._arrivals import ArrivalProcess
 from gpufleet.sim._autoscale import Autoscaling, Instance, Phase
+from gpufleet.sim._control import (
+    PREFIX_HASH_TOKENS,
+    SimControl,
+    SimReplicas,
+    token_prefix_hashes,
+)
 from gpufleet.sim._faults import (
     DEFAULT_STARTUP_S,
     BlackoutFault,
@@ -27,12 +33,6 @@ from gpufleet.sim._harness import (
 )
 from gpufleet.sim._kernel import NORMAL, URGENT, Event, Kernel, KernelClock, Part, ScheduledEvent
 from gpufleet.sim._plots import PLOTS, write_plots
-from gpufleet.sim._policy import (
-    PREFIX_HASH_TOKENS,
-    PolicyRouting,
-    SimPool,
-    token_prefix_hashes,
-)
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import Recorder, RequestLog, RequestRecord
 from gpufleet.sim._replica_driver import ReplicaDriver
@@ -76,7 +76,6 @@ __all__ = [
     "MtbfFault",
     "Part",
     "Phase",
-    "PolicyRouting",
     "PromptBuilder",
     "Recorder",
     "ReplicaDriver",
@@ -85,12 +84,13 @@ __all__ = [
     "RoundRobin",
     "Routing",
     "ScheduledEvent",
-    "SimAdmission",
+    "SimControl",
     "SimOptions",
-    "SimPool",
+    "SimReplicas",
     "SimTenant",
     "SlowFault",
     "Spike",
+    "TenantBook",
     "TenantMix",
     "TraceFormat",
     "TraceReader",

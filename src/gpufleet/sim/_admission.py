@@ -1,35 +1,17 @@
-"""Tenants and the gateway's admission queue in the simulator: the same ``FairQueue``.
+"""Tenants in the simulator: who sent each request, and each tenant's numbers.
 
-The gateway (``gpufleet.gateway._admission``) lets a request start at once while its pool is
-not saturated and nobody waits; otherwise the request waits in the pool's
-:class:`~gpufleet.policy.FairQueue` (strict classes, fair share of GPU work between tenants,
-bounded, deadlines), through one :class:`~gpufleet.policy.PoolAdmission` per pool (when to
-start at once, to queue, to pump and to expire). :class:`SimAdmission` drives that same
-pure state machine in virtual time, in front of the fleet's routers, keeping only its
-events::
+The admission queue itself is the pool controller's (``gpufleet.control``: one
+:class:`~gpufleet.policy.PoolAdmission` per pool, the gateway's); the simulator only says
+who sent a request (the trace's ``tenant``, or a draw from the ``--tenant`` mix) and counts
+what happened to each tenant::
 
-    Arrival ─► tenant (the trace's, or drawn from the mix) ─► ticket
-            ─► pool not saturated and nobody waits? ─► start: route + submit now
-            └► offer(ticket) ─► shed? an error row (the gateway's 503)
-                            └► pump: admit(level) ─► start (at once: fair-share reserve)
-                            └► waits ─► Release tick: expire (503) · pump: admit ─► start
-    end     ─► end(ticket, (uncached prompt, output))   in-flight count − 1
+    Arrival ─► TenantBook.of(index, request) ─► (tenant, class, weight) ─► Arrived
+    Reject(shed | expired) ─► TenantBook.refused(index, reason)
+    report ─► per tenant: latencies, queue waits, refusals; per pool: the queue's counters
 
-What the gate reads is what the gateway's reads, with the same staleness:
-:func:`~gpufleet.policy.pool_saturated` (through a :class:`~gpufleet.policy.PoolGauge`)
-over the routing view rebuilt at each scrape (``gateway.scrape_interval``; admission makes
-every pool scraped) and the gate's own count of the requests it let in. When it looks is
-the gateway's too: at each arrival, the instant a request ends (a :class:`Release` at that
-very time), and every ``admission.tick`` (50 ms, the gateway's) while a queue is non-empty, for
-deadlines and for room that only a scrape shows. A start at the instant of another
-replica's step end needs every replica at that instant, so with admission on the replicas
-do not fast-forward (``FleetSimulation`` turns ``fast_forward`` off; under saturation
-arrivals and ends leave little to skip anyway).
-
-A ticket's prompt estimate is the exact prompt length (the gateway guesses it from the
-text); at the end it is charged its real work: uncached prompt tokens (the replica's prefix
-cache hits come off) plus ``output_weight`` × output tokens, as the gateway charges from the
-response's usage.
+With admission on, the replicas do not fast-forward (``FleetSimulation`` turns it off): a
+queued request starts the instant another ends, on any replica, so no replica may run
+ahead of the fleet.
 """
 
 from __future__ import annotations
@@ -39,23 +21,14 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from gpufleet.policy import CLASSES, AdmissionConfig, PoolAdmission, PoolGauge, Ticket
-from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
-from gpufleet.sim._replica_driver import ReplicaDriver
+from gpufleet.control import ANONYMOUS, RejectReason
+from gpufleet.policy import CLASSES, AdmissionConfig, PoolAdmission
 from gpufleet.sim._traces import TraceRequest
 
 if TYPE_CHECKING:
-    from gpufleet.sim._harness import FleetHarness
-    from gpufleet.sim._policy import PolicyRouting
     from gpufleet.sim._recorder import RequestLog
-
-ANONYMOUS: Final = "anonymous"
-"""The tenant of a request that names none when no mix is given (the gateway's auth-off)."""
-
-_UNSTARTED = math.nan
-"""Queue wait of a request that never started (shed, expired)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,235 +126,48 @@ class TenantMix:
         return known if known is not None else SimTenant(tenant)
 
 
-@dataclass(frozen=True, slots=True)
-class Release:
-    """Look at the non-empty queues: start what has room (``periodic``: the tick, which
-    also expires deadlines and sets the next tick)."""
+class TenantBook:
+    """Each request's tenant (by arrival index) and each tenant's refusals."""
 
-    target: SimAdmission
-    periodic: bool = True
+    __slots__ = ("_names", "expired", "mix", "shed", "tenant_ids")
 
-
-@dataclass(slots=True)
-class _Held:
-    index: int
-    request: TraceRequest
-    prompt: tuple[int, ...]
-    pool: str
-
-
-class SimAdmission:
-    """The harness's gate (``FleetHarness.gate``) and a :class:`~gpufleet.sim.Routing` around
-    the fleet's :class:`~gpufleet.sim.PolicyRouting` (to hear of every end).
-
-    ``enabled=False`` keeps only the bookkeeping: every request starts at once (the engines'
-    own FIFO queues), and the report still has each tenant's latencies (the contrast).
-    """
-
-    __slots__ = (
-        "_armed",
-        "_ended_at",
-        "_gates",
-        "_harness",
-        "_held",
-        "_log",
-        "_names",
-        "_started",
-        "arrived",
-        "config",
-        "enabled",
-        "expired",
-        "inner",
-        "mix",
-        "shed",
-        "tenant_ids",
-        "tick",
-        "waits",
-    )
-
-    def __init__(
-        self,
-        inner: PolicyRouting,
-        config: AdmissionConfig,
-        mix: TenantMix,
-        max_num_seqs: Mapping[str, int],
-        *,
-        enabled: bool = True,
-    ) -> None:
-        self.inner = inner
-        self.config = config
+    def __init__(self, mix: TenantMix) -> None:
         self.mix = mix
-        self.enabled = enabled
-        self.tick = config.tick
-        """Simulated seconds between two looks at a non-empty queue (the gateway's)."""
-        self._gates = {
-            name: PoolAdmission(config, max_num_seqs[name]) for name in inner.pool_names()
-        }
-        self._harness: FleetHarness | None = None
-        self._log: RequestLog | None = None
-        self._armed = False
-        self._ended_at = -math.inf
-        """The time of the last end-of-request release scheduled (one per instant)."""
-        self._held: dict[str, _Held] = {}
-        self._started: dict[int, tuple[Ticket, str]] = {}
         self._names: dict[str, int] = {}
-        self.arrived = 0
-        """Requests that reached the gateway (queued ones included)."""
         self.tenant_ids = array("H")
         """Per arrived request (by index): its tenant, as an index into :meth:`tenants`."""
-        self.waits = array("d")
-        """Per arrived request: seconds queued at the gateway (NaN: never started)."""
         self.shed: dict[str, int] = {}
         """Per tenant: requests a full queue shed (503)."""
         self.expired: dict[str, int] = {}
         """Per tenant: requests still queued at their deadline (503)."""
 
-    def attach(self, harness: FleetHarness) -> None:
-        """Become ``harness``'s gate and routing (call before it starts)."""
-        self._harness = harness
-        self._log = harness.recorder.log
-        harness.gate = self
-        harness.routing = self
+    def of(self, index: int, request: TraceRequest) -> tuple[str, int, float]:
+        """Request ``index``'s tenant, priority class and weight (call once per arrival,
+        in arrival order)."""
+        tenant = self.mix.tenant_of(request)
+        self.tenant_ids.append(self._names.setdefault(tenant, len(self._names)))
+        settings = self.mix.settings(tenant)
+        return tenant, CLASSES.index(settings.priority), settings.weight
 
-    def gauge(self, pool: str) -> PoolGauge:
-        """``pool``'s saturation gauge (its ``max_num_seqs`` is the pool's engines')."""
-        return self._gates[pool].gauge
+    def refused(self, index: int, reason: str) -> None:
+        counts = {RejectReason.SHED: self.shed, RejectReason.EXPIRED: self.expired}.get(reason)
+        if counts is not None:
+            tenant = self.tenants()[self.tenant_ids[index]]
+            counts[tenant] = counts.get(tenant, 0) + 1
 
     def tenants(self) -> list[str]:
         """Tenant names, in order of first arrival (``tenant_ids`` index them)."""
         return list(self._names)
 
-    # -- the gate -------------------------------------------------------------------------
-
-    def arrive(
-        self, now: float, index: int, request: TraceRequest, prompt: tuple[int, ...]
-    ) -> list[ScheduledEvent]:
-        harness = self._harness
-        assert harness is not None, "attach() first"
-        tenant = self.mix.tenant_of(request)
-        tid = self._names.setdefault(tenant, len(self._names))
-        self.tenant_ids.append(tid)
-        self.waits.append(_UNSTARTED)
-        self.arrived += 1
-        if not self.enabled:
-            self.waits[index] = 0.0
-            return harness.dispatch(now, index, request, prompt)
-        settings = self.mix.settings(tenant)
-        pool = self.inner.pool_of(request)
-        gate = self._gates[pool]
-        ticket = Ticket(
-            str(index),
-            tenant,
-            priority=CLASSES.index(settings.priority),
-            weight=settings.weight,
-            prompt_estimate=len(prompt),
-            deadline=now + self.config.max_wait,
-            arrived=now,
-        )
-        if gate.enter(ticket, self.inner.view.routable(pool)):
-            return self._start(now, pool, ticket, _Held(index, request, prompt, pool))
-        self._held[ticket.id] = _Held(index, request, prompt, pool)
-        for shed in gate.offer(now, ticket):
-            self._refuse(now, shed, self.shed)
-        events = self._pump(now, pool, gate)
-        if not self._armed and gate.queue:
-            self._armed = True
-            harness.kernel.schedule(now + self.tick, URGENT, Release(self))
-        return events
-
-    def _start(self, now: float, pool: str, ticket: Ticket, held: _Held) -> list[ScheduledEvent]:
-        """A ticket the gate started (counted in flight): route and submit it now."""
-        harness = self._harness
-        assert harness is not None
-        self._started[held.index] = (ticket, pool)
-        self.waits[held.index] = now - ticket.arrived
-        return harness.dispatch(now, held.index, held.request, held.prompt)
-
-    def _pump(self, now: float, pool: str, gate: PoolAdmission) -> list[ScheduledEvent]:
-        events: list[ScheduledEvent] = []
-        routable = self.inner.view.routable
-        while (ticket := gate.admit(now, routable(pool))) is not None:
-            events += self._start(now, pool, ticket, self._held.pop(ticket.id))
-        return events
-
-    def _refuse(self, now: float, ticket: Ticket, counts: dict[str, int]) -> None:
-        harness = self._harness
-        assert harness is not None
-        held = self._held.pop(ticket.id)
-        counts[ticket.tenant] = counts.get(ticket.tenant, 0) + 1
-        self.inner.refused_pool[held.index] = held.pool
-        harness.refuse(now, held.index, held.request, len(held.prompt))
-
-    def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
-        assert isinstance(event, Release), event
-        events: list[ScheduledEvent] = []
-        for pool, gate in self._gates.items():
-            if not gate.queue:
-                continue
-            if event.periodic:
-                for ticket in gate.expire(now):
-                    self._refuse(now, ticket, self.expired)
-            events += self._pump(now, pool, gate)
-        if not event.periodic:
-            return events
-        self._armed = False
-        if any(gate.queue for gate in self._gates.values()):
-            self._armed = True
-            events.append(ScheduledEvent(now + self.tick, URGENT, Release(self)))
-        return events
-
-    # -- the routing seam (what the harness tells its routing) ----------------------------
-
-    def route(
-        self,
-        now: float,
-        index: int,
-        request: TraceRequest,
-        prompt: tuple[int, ...],
-        replicas: Sequence[ReplicaDriver],
-    ) -> int | None:
-        chosen = self.inner.route(now, index, request, prompt, replicas)
-        if chosen is None:
-            self._leave(now, index, None)  # the router's 503: it was let in and is gone
-        return chosen
-
-    def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None:
-        work = None
-        log = self._log
-        if not rejected and log is not None and len(log):
-            row = log[len(log) - 1]  # the driver appends a request's row, then tells on_end
-            if row.index == index:
-                work = (row.input_tokens - row.cached_tokens, row.output_tokens)
-        self._leave(now, index, work)
-        self.inner.on_end(now, index, replica, rejected)
-
-    def on_lost(self, now: float, index: int, replica: int, started: bool) -> int | None:
-        retry = self.inner.on_lost(now, index, replica, started)
-        if retry is None:
-            self._leave(now, index, None)
-        return retry
-
-    def _leave(self, now: float, index: int, work: tuple[int, int] | None) -> None:
-        """A started request ended: the count drops, its work is charged, and a queued one
-        may start at this instant (the gateway's ``leave`` pumps at once)."""
-        started = self._started.pop(index, None)
-        if started is None:
-            return
-        ticket, pool = started
-        gate = self._gates[pool]
-        gate.leave(ticket, work)
-        harness = self._harness
-        if gate.queue and harness is not None and self._ended_at != now:
-            # Called from a replica's step end (a local event): legal as a shared event at
-            # this instant only because no replica runs ahead while admission is on.
-            self._ended_at = now
-            harness.kernel.schedule(now, URGENT, Release(self, periodic=False))
-
     # -- the report -----------------------------------------------------------------------
 
-    def report(
+    def report(  # noqa: PLR0917 - the report's inputs
         self,
         log: RequestLog,
+        waits: Mapping[int, float],
+        gates: Mapping[str, PoolAdmission],
+        config: AdmissionConfig,
+        enabled: bool,
         quantiles: Callable[[Sequence[float]], dict[str, float | None]],
         rounded: Callable[[float | None], float | None],
     ) -> dict[str, Any]:
@@ -407,16 +193,17 @@ class SimAdmission:
                 ttft[t].append(record.ttft_s or 0.0)
                 e2e[t].append(record.e2e_s)
                 output[t] += record.output_tokens
-        waits: list[list[float]] = [[] for _ in names]
+        waited: list[list[float]] = [[] for _ in names]
         queued = [0] * len(names)
-        for t, wait in zip(ids, self.waits, strict=True):
-            if not math.isnan(wait):
-                waits[t].append(wait)
+        for index, t in enumerate(ids):
+            wait = waits.get(index)
+            if wait is not None:
+                waited[t].append(wait)
                 queued[t] += wait > 0
         tenants: dict[str, Any] = {}
         for t, name in sorted(enumerate(names), key=lambda item: item[1]):
             settings = self.mix.settings(name)
-            for values in (ttft[t], e2e[t], waits[t]):
+            for values in (ttft[t], e2e[t], waited[t]):
                 values.sort()
             tenants[name] = {
                 "weight": settings.weight,
@@ -431,27 +218,24 @@ class SimAdmission:
                 "output_tokens": output[t],
                 "ttft_s": quantiles(ttft[t]),
                 "e2e_s": quantiles(e2e[t]),
-                "queue_wait_s": quantiles(waits[t]),
+                "queue_wait_s": quantiles(waited[t]),
             }
-        config = self.config
         return {
             "admission": {
-                "on": self.enabled,
+                "on": enabled,
                 "saturation": config.saturation,
-                "max_num_seqs": {
-                    pool: gate.gauge.max_num_seqs for pool, gate in self._gates.items()
-                },
+                "max_num_seqs": {pool: gate.gauge.max_num_seqs for pool, gate in gates.items()},
                 "max_queue": config.max_queue,
                 "max_wait_s": config.max_wait,
                 "output_weight": config.output_weight,
                 "reserve_saturation": config.reserve_saturation,
-                "release_tick_s": self.tick,
-                "queue_max": {pool: gate.queue_max for pool, gate in self._gates.items()},
+                "release_tick_s": config.tick,
+                "queue_max": {pool: gate.queue_max for pool, gate in gates.items()},
                 "counters": {
                     pool: {
                         name: rounded(value) for name, value in sorted(gate.queue.counters.items())
                     }
-                    for pool, gate in self._gates.items()
+                    for pool, gate in gates.items()
                 },
             },
             "tenants": tenants,

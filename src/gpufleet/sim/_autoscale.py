@@ -1,13 +1,10 @@
-"""Autoscaling in the simulator: the policy's own ``AutoscalePolicy``, a modelled runtime.
+"""Autoscaling in the simulator: the modelled runtime that carries out the controller's
+``Scale`` commands.
 
-The fleet simulator's twin of the gateway's autoscaling loop and the runtime's actuator. For
-every pool whose fleet-file entry has ``autoscale``, one :class:`~gpufleet.policy.AutoscalePolicy`
-(the very object the gateway uses) decides on the virtual clock::
+The pool controller (``gpufleet.control``) decides, as it does live, every ``interval`` and
+at each decision's ``next_at``; this module is the runtime's side (the local runtime's twin)::
 
-    tick (every interval) or wake (decision.next_at)
-      ─► PoolView: routing's view of the pool (scraped load, as stale as the router's;
-                   in-flight counts fresh), starting replicas, standbys, demand (arrivals/s)
-      ─► policy.decide(now, pool) ─► promote: standby ─(startup.promote)─► serving
+    Scale(decision) ─► promote: standby ─(startup.promote)─► serving
                                     cold_starts: new ─(provision + load)─► serving
                                     prewarm_starts: new ─(provision + load)─► standby
                                     drain: no new requests ─(in-flight 0)─► gone
@@ -32,6 +29,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from gpufleet.config import ModelConfig, StartupConfig
+from gpufleet.control import Scale
 from gpufleet.fleet import ReplicaId
 from gpufleet.policy import (
     AutoscalePolicy,
@@ -41,9 +39,9 @@ from gpufleet.policy import (
     Standby,
     decision_record,
 )
+from gpufleet.sim._control import SimControl
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
-from gpufleet.sim._policy import PolicyRouting
 
 SCALE_PRIORITY: Final = URGENT
 """Replicas join and decisions run before the steps of their instant (like scrapes)."""
@@ -113,14 +111,6 @@ class Joined:
     phase: Phase
 
 
-@dataclass(frozen=True, slots=True)
-class Wake:
-    """Decide a pool again at its decision's ``next_at``."""
-
-    target: Autoscaling
-    model: str
-
-
 @dataclass(slots=True)
 class _Episode:
     start: float
@@ -134,8 +124,6 @@ class PoolScaling:
     model: str
     policy: AutoscalePolicy
     startup: StartupConfig
-    last_t: float = 0.0
-    last_arrivals: int = 0
     decisions: int = 0
     events: list[dict[str, object]] = field(default_factory=list)
     scale_ups: int = 0
@@ -144,14 +132,13 @@ class PoolScaling:
     cold_starts: int = 0
     prewarm_starts: int = 0
     drained: int = 0
-    wake_at: float | None = None
     over: list[_Episode] = field(default_factory=list)
     """Stretches in which the stable window's load per ready replica was above target."""
     last: ScaleDecision | None = None
 
 
 class Autoscaling:
-    """Every pool's replicas as instances, and the autoscaled pools' decisions.
+    """Every pool's replicas as instances, and the autoscaled pools' actuator.
 
     ``new_driver(model)`` adds a replica of ``model`` to the harness and the simulation's
     bookkeeping (driver list, per-replica samples, faults) and returns its driver index.
@@ -161,7 +148,7 @@ class Autoscaling:
         self,
         models: Sequence[ModelConfig],
         harness: FleetHarness,
-        routing: PolicyRouting,
+        control: SimControl,
         *,
         new_driver: Callable[[str], int],
         interval: float,
@@ -169,107 +156,60 @@ class Autoscaling:
         if not interval > 0:
             raise ValueError(f"the autoscaling interval must be positive, got {interval}")
         self._harness = harness
-        self._routing = routing
+        self._control = control
         self._new_driver = new_driver
         self.interval = interval
         self.instances: list[Instance] = []
         self._by_id: dict[ReplicaId, Instance] = {}
-        self._named: dict[str, int] = {}
         self.pools: dict[str, PoolScaling] = {}
-        ids = routing.replica_ids
+        ids = control.replica_ids
         for entry in models:
-            members = routing.members(entry.name)
-            self._named[entry.name] = len(members)
-            for k in members:
+            for k in control.members(entry.name):
                 inst = Instance(ids[k], entry.name, entry.tp, Phase.SERVING, 0.0, "initial")
                 inst.history.append((0.0, Phase.SERVING))
                 inst.serving_at, inst.driver = 0.0, k
                 self._track(inst)
-            if entry.autoscale is not None:
-                policy = AutoscalePolicy(entry.autoscale, entry.max_num_seqs)
+            policy = control.control.pools[entry.name].autoscaler
+            if policy is not None:
                 self.pools[entry.name] = PoolScaling(entry.name, policy, entry.startup)
         self._gpus = {m.name: m.tp for m in models}
+        control.on_scale = self.act
+        control.on_wake = self.retire_drained
 
     def _track(self, inst: Instance) -> None:
         self.instances.append(inst)
         self._by_id[inst.id] = inst
 
-    def start(self) -> None:
-        """Decide every ``interval`` while the trace lasts (after the routing's scrapes)."""
-        if self.pools:
-            self._harness.every(self.interval, self.tick)
-
-    # -- the loop ---------------------------------------------------------------------------
-
-    def tick(self, now: float) -> None:
-        self._retire_drained(now)
-        for pool in self.pools.values():
-            self._decide(now, pool)
-
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
-        match event:
-            case Joined(instance=inst, phase=phase):
-                if inst.phase is not phase:
-                    return []  # drained (cancelled) while starting
-                if phase is Phase.WARMING:
-                    inst.ready_since = now
-                    inst.enter(now, Phase.STANDBY)
-                else:
-                    self._serve(now, inst)
-                return []
-            case Wake(model=model):
-                pool = self.pools[model]
-                if pool.wake_at is not None and now >= pool.wake_at:
-                    pool.wake_at = None
-                    if self._harness.active:
-                        self._retire_drained(now)
-                        self._decide(now, pool)
-                return []
-        raise AssertionError(event)
+        assert isinstance(event, Joined), event
+        inst, phase = event.instance, event.phase
+        if inst.phase is not phase:
+            return []  # drained (cancelled) while starting
+        if phase is Phase.WARMING:
+            inst.ready_since = now
+            inst.enter(now, Phase.STANDBY)
+            self._tell_standbys(now, inst.model)
+        else:
+            self._serve(now, inst)
+        return []
 
-    def _decide(self, now: float, pool: PoolScaling) -> None:
-        arrivals = self._routing.arrivals(pool.model)
-        span = now - pool.last_t
-        demand = (arrivals - pool.last_arrivals) / span if span > 0 else 0.0
-        if span > 0:
-            pool.last_t, pool.last_arrivals = now, arrivals
-        view = self.pool_view(pool.model, demand)
-        decision = pool.policy.decide(now, view)
+    def act(self, now: float, command: Scale) -> None:
+        """Carry out one of the controller's decisions for an autoscaled pool."""
+        decision = command.decision
+        pool = self.pools[decision.model]
         pool.decisions += 1
         pool.last = decision
         self._measure(now, pool, decision)
-        self._act(now, pool, decision, view)
-        nxt = decision.next_at
-        if nxt is not None and (now < nxt) and (pool.wake_at is None or nxt < pool.wake_at):
-            pool.wake_at = nxt
-            self._harness.kernel.schedule(nxt, SCALE_PRIORITY, Wake(self, pool.model))
+        self._act(now, pool, decision, command.view)
 
-    def pool_view(self, model: str, demand: float) -> PoolView:
-        """The pool as the gateway's loop sees it (the same ``PoolView.of``): routing's view
-        of each replica (state after health, engine load as of the last scrape, in-flight
-        count fresh), then the replicas still starting, and the standbys."""
-        routing, drivers = self._routing, self._harness.drivers
-        ids = routing.replica_ids
-        driver_of = {ids[k]: k for k in routing.members(model)}
-        starting: list[ReplicaId] = []
+    def _tell_standbys(self, now: float, model: str) -> None:
         standbys: list[Standby] = []
         for inst in self.instances:
-            if inst.model != model:
-                continue
-            if inst.phase in STARTING_PHASES:
-                starting.append(inst.id)
-            elif inst.phase in STANDBY_PHASES:
+            if inst.model == model and inst.phase in STANDBY_PHASES:
                 ready = inst.phase is Phase.STANDBY
                 since = inst.ready_since if ready and inst.ready_since is not None else 0.0
                 standbys.append(Standby(inst.id, ready, since if ready else inst.provisioned_at))
-        return PoolView.of(
-            routing.view,
-            model,
-            in_flight=lambda rid: drivers[driver_of[rid]].num_requests,
-            starting=starting,
-            demand=demand,
-            standbys=tuple(standbys),
-        )
+        self._control.standbys(now, model, tuple(standbys))
 
     def _act(self, now: float, pool: PoolScaling, decision: ScaleDecision, view: PoolView) -> None:
         startup, events = pool.startup, []
@@ -278,6 +218,7 @@ class Autoscaling:
             inst.asked_at = now
             inst.via = "promoted"
             inst.enter(now, Phase.PROMOTING)
+            self._control.promoting(now, pool.model, rid)
             pool.promoted += 1
             # A standby still warming finishes loading first, then joins.
             warm = now if inst.warm_at is None else max(now, inst.warm_at)
@@ -296,6 +237,8 @@ class Autoscaling:
             self._drain(now, self._by_id[rid])
             pool.drained += 1
         self._harness.kernel.schedule_all(events)
+        if decision.promote or decision.prewarm_starts:
+            self._tell_standbys(now, pool.model)
         if decision.direction is not ScaleDirection.HOLD:
             if decision.direction is ScaleDirection.UP:
                 pool.scale_ups += 1
@@ -305,9 +248,9 @@ class Autoscaling:
                 pool.events.append(decision_record(decision, view))
 
     def _provision(self, now: float, model: str, phase: Phase, via: str) -> Instance:
-        n = self._named[model]
-        self._named[model] = n + 1
-        inst = Instance(ReplicaId(f"{model}-{n}"), model, self._gpus[model], phase, now, via)
+        control = self._control
+        rid = control.provision(now, model) if phase is Phase.COLD else control.next_name(model)
+        inst = Instance(rid, model, self._gpus[model], phase, now, via)
         inst.history.append((now, phase))
         self._track(inst)
         return inst
@@ -320,7 +263,7 @@ class Autoscaling:
             inst.enter(now, Phase.GONE)
             return
         k = self._new_driver(inst.model)
-        joined = self._routing.add_replica(now, inst.model, inst.id)
+        joined = self._control.add_replica(now, inst.model, inst.id)
         assert joined == k, (joined, k)
         inst.driver = k
         inst.serving_at = now
@@ -331,12 +274,14 @@ class Autoscaling:
         still starting is cancelled at once (it never served)."""
         if inst.phase in STARTING_PHASES or inst.driver is None:
             inst.enter(now, Phase.GONE)
+            self._control.cancel(now, inst.id)
             return
-        self._routing.drain_replica(now, inst.driver)
+        self._control.drain_replica(now, inst.driver)
         inst.enter(now, Phase.DRAINING)
         self._retire(now, inst)
 
-    def _retire_drained(self, now: float) -> None:
+    def retire_drained(self, now: float) -> None:
+        """Drained replicas whose last request ended leave (before each decision)."""
         for inst in self.instances:
             if inst.phase is Phase.DRAINING:
                 self._retire(now, inst)
@@ -347,8 +292,8 @@ class Autoscaling:
         if self._harness.drivers[k].num_requests:
             return
         drained_at = inst.history[-1][0]
-        left = max(drained_at, min(now, self._routing.last_end(k)))
-        self._routing.remove_replica(now, k)
+        left = max(drained_at, min(now, self._control.last_end(k)))
+        self._control.remove_replica(now, k)
         inst.enter(left, Phase.GONE)
 
     # -- measures ---------------------------------------------------------------------------

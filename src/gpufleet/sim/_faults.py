@@ -37,9 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from gpufleet.engine.model import ReplicaModel
 from gpufleet.fleet import ReplicaState
+from gpufleet.sim._control import SimControl
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
-from gpufleet.sim._policy import PolicyRouting
 
 DEFAULT_STARTUP_S: Final = 90.0
 """Provisioning plus model load of a restarted replica (an 8B model from local disk: ~30 s
@@ -197,7 +197,7 @@ class Blackout:
 
 
 class FaultInjector:
-    """Plays a scenario's faults into one harness and its :class:`PolicyRouting`.
+    """Plays a scenario's faults into one harness and its :class:`~gpufleet.sim.SimControl`.
 
     ``fresh(i)`` builds the model of replica ``i``'s restarted process. MTBF draws come from
     ``rng`` (one per run, used by nothing else), so a seed gives one run, faults included.
@@ -208,7 +208,7 @@ class FaultInjector:
     def __init__(
         self,
         harness: FleetHarness,
-        routing: PolicyRouting,
+        routing: SimControl,
         *,
         fresh: Callable[[int], ReplicaModel],
         gpus: Sequence[int],
@@ -283,7 +283,6 @@ class FaultInjector:
                 self.crashes += 1
                 lost = driver.crash(now, self._fresh(replica))
                 out = harness.lose(now, replica, lost)  # failures reach health first
-                routing.decide(now)
                 routing.replica_down(now, replica)
                 out.append(ScheduledEvent(now + startup_s, FAULT_PRIORITY, Restart(self, replica)))
                 return out

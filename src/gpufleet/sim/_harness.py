@@ -14,7 +14,7 @@ arrival when the previous one is delivered, so the trace is never in memory::
 The routing seam is a :class:`Routing`: ``route(now, index, request, prompt, replicas)``
 at each arrival and ``on_end(now, index, replica, rejected)`` at each end. A plain
 ``choose(now, request, replicas) -> index`` function is enough when nothing needs the ends
-(round robin, the default); :class:`~gpufleet.sim.PolicyRouting` puts the gateway's own
+(round robin, the default); :class:`~gpufleet.sim.SimControl` puts the gateway's own
 routers (``gpufleet.policy``) there. ``every(interval, callback)`` runs a periodic observer
 (the gateway's metric scrapes, the report's samples) while the trace lasts.
 
@@ -51,7 +51,7 @@ class Routing(Protocol):
 
     ``route`` is asked at the request's arrival, after its prompt ids are built (a prefix-aware
     router hashes them); ``on_end`` is told when the request finishes or the replica refuses
-    it. :class:`~gpufleet.sim.PolicyRouting` puts the gateway's routers here.
+    it. :class:`~gpufleet.sim.SimControl` puts the pool controller here.
     """
 
     def route(
@@ -65,19 +65,18 @@ class Routing(Protocol):
 
     def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None: ...
 
-    def on_lost(self, now: float, index: int, replica: int, started: bool) -> int | None:
-        """Request ``index`` was lost in a crash of ``replica``; the replica to retry it on.
-
-        ``started``: the client had its first token (a mid-stream failure: no retry).
-        ``None``: the request ends in an error.
+    def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
+        """Request ``index`` was lost in a crash of ``replica``: retry it
+        (:meth:`FleetHarness.submit_retry`) or let it end in an error (do nothing, or
+        :meth:`FleetHarness.fail_lost`). ``started``: the client had its first token.
         """
         ...
 
 
 class Gate(Protocol):
     """What stands between an arrival and its routing (the gateway's admission queue,
-    :class:`~gpufleet.sim.SimAdmission`): it starts the request now or later through
-    :meth:`FleetHarness.dispatch`, or refuses it through :meth:`FleetHarness.refuse`."""
+    :class:`~gpufleet.sim.SimControl`): it starts the request now or later through
+    :meth:`FleetHarness.submit_new`, or refuses it through :meth:`FleetHarness.refuse`."""
 
     def arrive(
         self, now: float, index: int, request: TraceRequest, prompt: tuple[int, ...]
@@ -105,8 +104,8 @@ class ChooserRouting:
     def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None:
         return None
 
-    def on_lost(self, now: float, index: int, replica: int, started: bool) -> int | None:
-        return None
+    def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
+        return []
 
 
 class RoundRobin:
@@ -152,6 +151,7 @@ class FleetHarness:
 
     __slots__ = (
         "_horizon",
+        "_lost",
         "_more",
         "_requests",
         "_trace",
@@ -202,6 +202,8 @@ class FleetHarness:
         self.failed = 0
         """Requests that ended in an error (no replica, retries spent, lost mid-stream)."""
         self._requests: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._lost: dict[int, tuple[int, Lost]] = {}
+        """Requests lost in a crash and not yet retried or failed: their replica and state."""
         """Prompt and output length of each request inside a replica (to retry it)."""
         self.gate: Gate | None = None
         """Admission in front of routing (None: every arrival is routed at once)."""
@@ -280,21 +282,27 @@ class FleetHarness:
         self._requests[index] = (prompt, request.output_tokens)
         return drivers[chosen].submit(now, index, self._new(index)) + self._next_arrival()
 
-    def dispatch(
-        self, now: float, index: int, request: TraceRequest, prompt: tuple[int, ...]
+    def submit_new(
+        self, now: float, index: int, request: TraceRequest, prompt: tuple[int, ...], replica: int
     ) -> list[ScheduledEvent]:
-        """Route request ``index`` now (a gate lets it start); its latencies count from its
-        arrival. Call it from a shared event."""
-        chosen = self.routing.route(now, index, request, prompt, self.drivers)
-        if chosen is None:  # no replica can take it: the gateway's 503
-            self._fail(now, index, None, request.arrival_s, None, len(prompt))
-            return []
+        """Send request ``index`` to driver ``replica`` now (a gate let it start; its
+        latencies count from its arrival). Call it from a shared event."""
         self._requests[index] = (prompt, request.output_tokens)
-        return self.drivers[chosen].submit(now, index, self._new(index), request.arrival_s)
+        return self.drivers[replica].submit(now, index, self._new(index), request.arrival_s)
+
+    def submit_retry(self, now: float, index: int, replica: int) -> list[ScheduledEvent]:
+        """Send request ``index``, lost in a crash, to driver ``replica`` (from ``on_lost``)."""
+        _, state = self._lost.pop(index)
+        return self.drivers[replica].submit(now, index, self._new(index), state.arrival)
 
     def refuse(self, now: float, index: int, request: TraceRequest, input_tokens: int) -> None:
         """A gate refuses request ``index`` (shed, or its deadline passed): an error row."""
         self._fail(now, index, None, request.arrival_s, None, input_tokens)
+
+    def fail_lost(self, now: float, index: int) -> None:
+        """Request ``index``, lost in a crash, ends in an error (from ``on_lost``)."""
+        replica, state = self._lost.pop(index)
+        self._fail(now, index, replica, state.arrival, state.first_token, 0)
 
     def lose(self, now: float, replica: int, lost: Sequence[Lost]) -> list[ScheduledEvent]:
         """Requests lost in a crash of ``replica``: each retried elsewhere, or an error.
@@ -303,14 +311,11 @@ class FleetHarness:
         """
         events: list[ScheduledEvent] = []
         for state in lost:
+            self._lost[state.index] = (replica, state)
             started = state.first_token is not None
-            retry = self.routing.on_lost(now, state.index, replica, started)
-            if retry is None:
-                self._fail(now, state.index, replica, state.arrival, state.first_token, 0)
-                continue
-            events += self.drivers[retry].submit(
-                now, state.index, self._new(state.index), state.arrival
-            )
+            events += self.routing.on_lost(now, state.index, replica, started)
+            if state.index in self._lost:  # neither retried nor failed: an error
+                self.fail_lost(now, state.index)
         return events
 
     def _new(self, index: int) -> NewRequest:

@@ -20,13 +20,15 @@ from typing import Any, Final
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
 from gpufleet.config import FleetConfig, ModelConfig
+from gpufleet.control import FleetController
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
 from gpufleet.fleet import ReplicaId, ReplicaState
-from gpufleet.sim._admission import SimAdmission, SimTenant, TenantMix
+from gpufleet.policy import PoolAdmission
+from gpufleet.sim._admission import SimTenant, TenantBook, TenantMix
 from gpufleet.sim._autoscale import Autoscaling
+from gpufleet.sim._control import SimControl
 from gpufleet.sim._faults import Fault, FaultInjector, MtbfFault, fault_spec
 from gpufleet.sim._harness import FleetHarness
-from gpufleet.sim._policy import PolicyRouting, SimPool
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import RequestRecord
 from gpufleet.sim._stats import LogHistogram
@@ -130,7 +132,7 @@ class FleetSimulation:
         self.fleet = fleet
         self.options = options
         models: list[ReplicaModel] = []
-        pools: list[SimPool] = []
+        counts: list[int] = []
         configs: list[ReplicaConfig] = []
         gpus: list[int] = []
         self._configs = {}
@@ -139,38 +141,37 @@ class FleetSimulation:
             config = replica_config(entry, options.seed)
             self._configs[entry.name] = config
             count = entry.replica_count
-            scaled = entry.autoscale is not None or admitting  # both read the scrapes
-            pools.append(SimPool(entry.name, entry.routing, count, entry.health, scaled))
+            counts.append(count)
             models.extend(ReplicaModel(config) for _ in range(count))
             configs.extend([config] * count)
             gpus.extend([entry.tp] * count)
         self._replica_configs = configs
-        self.routing = PolicyRouting(
-            pools,
+        self.tenants: TenantBook | None = None
+        """Who sent each request (None: no tenants asked for and admission off)."""
+        if admitting or options.tenants:
+            self.tenants = TenantBook(TenantMix(options.tenants, options.seed))
+        self.control = FleetController.of(
+            fleet,
             seed=options.seed,
+            admission=admitting,
+            autoscale_interval=options.autoscale_interval,
+        )
+        self.routing = SimControl(
+            self.control,
+            counts,
             scrape_interval=fleet.gateway.scrape_interval,
-            retry=fleet.gateway.retry,
+            tenant_of=None if self.tenants is None else self.tenants.of,
+            on_refuse=None if self.tenants is None else self.tenants.refused,
         )
         vocab = min(m.config.model.vocab_size for m in models)  # ids valid for every model
         self.harness = FleetHarness(
             models,
             PromptBuilder(vocab, options.seed),
-            routing=self.routing,
             # A queued request starts the instant another ends, on any replica: no replica
             # may run ahead of the fleet while admission is on (sim/_admission.py).
             fast_forward=options.fast_forward and not admitting,
         )
-        self.admission: SimAdmission | None = None
-        """Tenants and the admission queue (None: neither asked for)."""
-        if admitting or options.tenants:
-            self.admission = SimAdmission(
-                self.routing,
-                fleet.tenants.admission,
-                TenantMix(options.tenants, options.seed),
-                {m.name: m.max_num_seqs for m in fleet.models},
-                enabled=admitting,
-            )
-            self.admission.attach(self.harness)
+        self.admitting = admitting
         known = set(self.replica_ids)
         for fault in options.faults:
             if not isinstance(fault, MtbfFault) and fault.replica not in known:
@@ -185,7 +186,9 @@ class FleetSimulation:
             gpus=gpus,
             rng=Random(f"gpufleet-faults-{options.seed}"),
         )
-        self.replica_models = [p.name for p in pools for _ in range(p.replicas)]
+        self.replica_models = [
+            m.name for m, n in zip(fleet.models, counts, strict=True) for _ in range(n)
+        ]
         self.timeline = Timeline(options.sample_interval)
         self.timeline.phases = {
             m.name: {k: [] for k in ("serving", "starting", "standby", "draining")}
@@ -229,15 +232,13 @@ class FleetSimulation:
     def start(self, trace: Iterable[TraceRequest]) -> None:
         self.harness.start(trace)
         self.routing.attach(self.harness)
-        self.autoscaling.start()
         self.harness.every(self.options.sample_interval, self._sample)
         self.faults.start(self.options.faults)
 
     @property
     def arrived(self) -> int:
         """Requests that reached the gateway so far (routed, or held by admission)."""
-        admission = self.admission
-        return self.routing.routed if admission is None else admission.arrived
+        return sum(p.counters.arrived for p in self.control.pools.values())
 
     def check(self) -> list[str]:
         """The global checks of a finished run: every request that arrived ended exactly
@@ -540,28 +541,42 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
         "routing": {
             "scrapes": sim.routing.scrapes,
             "scrape_interval_s": sim.routing.scrape_interval,
-            "routed": sim.routing.routed,
-            "matched_prefix_blocks": sim.routing.matched_blocks,
+            "routed": sum(p.counters.routed for p in sim.control.pools.values()),
+            "matched_prefix_blocks": sum(
+                p.counters.matched_blocks for p in sim.control.pools.values()
+            ),
         },
         "faults": _faults_report(sim),
-        **(
-            {} if sim.admission is None else {"tenants": sim.admission.report(recorder.log, _q, _r)}
-        ),
+        **({} if sim.tenants is None else {"tenants": _tenants_report(sim)}),
         "digest": recorder.digest(),
     }
+
+
+def _tenants_report(sim: FleetSimulation) -> dict[str, Any]:
+    tenants = sim.tenants
+    assert tenants is not None
+    config = sim.fleet.tenants.admission
+    gates = {
+        name: pool.admission or PoolAdmission(config, pool.settings.max_num_seqs)
+        for name, pool in sim.control.pools.items()
+    }
+    return tenants.report(
+        sim.harness.recorder.log, sim.routing.waits, gates, config, sim.admitting, _q, _r
+    )
 
 
 def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
     routing = sim.routing
     ejections = routing.ejections
+    counters = [p.counters for p in sim.control.pools.values()]
     return {
         "scenario": [fault_spec(f) for f in sim.options.faults],
         "crashes": sim.faults.crashes,
         "requests_failed": sim.harness.failed,
-        "lost_mid_stream": routing.lost_mid_stream,
-        "no_replica": routing.no_replica,
-        "retries": routing.retries,
-        "retries_refused": routing.retries_refused,
+        "lost_mid_stream": sum(c.broken for c in counters),
+        "no_replica": sum(c.no_replica for c in counters),
+        "retries": sum(c.retries for c in counters),
+        "retries_refused": sum(c.retries_refused for c in counters),
         "ejections": {
             "enforced": sum(1 for e in ejections if e.enforced),
             "not_enforced": sum(1 for e in ejections if not e.enforced),

@@ -1,0 +1,350 @@
+"""What the shells tell the pool controller, and what it tells them back.
+
+Events carry no time: the controller is called as ``handle(now, event)``. Commands are plain
+frozen values the shell carries out (send an attempt, answer an error, probe, scale). Both
+have a JSON form (:func:`event_to_json`, :func:`command_to_json`), so a live run's events can
+be recorded and replayed into a fresh controller, and its decisions compared line by line::
+
+    shell ──► Replicas · Scraped · ProbeAnswered · Standbys          (what the runtime sees)
+              Arrived · AttemptFailed · Finished · ClientGone · Tick  (requests and time)
+    controller ──► Route · Reject · Probe · Ejected · Scale           (what the shell does)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
+from gpufleet.policy import (
+    EjectionRecord,
+    PoolView,
+    ScaleDecision,
+    ScaleDirection,
+    Standby,
+    decision_record,
+)
+
+# -- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSeen:
+    """One replica as the runtime reports it.
+
+    ``incarnation`` names the process (the live gateway: its address; the simulator: its
+    restart count); ``None`` while it has none. A new incarnation is a new process, whose
+    health checks start over.
+    """
+
+    id: ReplicaId
+    state: ReplicaState
+    incarnation: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Replicas:
+    """The runtime's whole list of ``model``'s replicas, oldest first (level-triggered)."""
+
+    model: str
+    replicas: tuple[ReplicaSeen, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapedLoad:
+    replica: ReplicaId
+    running: int
+    waiting: int
+    kv_cache_usage: float
+
+
+@dataclass(frozen=True, slots=True)
+class Scraped:
+    """A scrape round of ``model``'s engines; a replica not listed keeps its last load."""
+
+    model: str
+    loads: tuple[ScrapedLoad, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAnswered:
+    model: str
+    replica: ReplicaId
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Standbys:
+    """``model``'s prewarmed standbys now (the runtime's; the gateway never routes to them)."""
+
+    model: str
+    standbys: tuple[Standby, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Arrived:
+    """A request may start (it passed auth and quotas): admit it, then route it.
+
+    ``priority`` indexes :data:`~gpufleet.policy.CLASSES`; ``deadline`` bounds its wait in
+    the admission queue (``None``: the pool's ``max_wait``).
+    """
+
+    request: RouteRequest
+    priority: int = 0
+    weight: float = 1.0
+    deadline: float | None = None
+
+    @property
+    def model(self) -> str:
+        return self.request.model
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailed:
+    """The request's attempt on its replica failed; ``streamed``: after its first byte
+    reached the client (no retry then)."""
+
+    model: str
+    request_id: str
+    outcome: Outcome
+    streamed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The request's attempt ended without a replica failure (answered, 4xx, or the client
+    left mid-answer: ``CANCELLED``). ``work`` = (uncached prompt, output tokens) if known."""
+
+    model: str
+    request_id: str
+    outcome: Outcome = Outcome.SUCCESS
+    work: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientGone:
+    """The client left while its request was queued, held or being answered."""
+
+    model: str
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: do what fell due (health, queue deadlines, holds, autoscaling)."""
+
+
+Event = (
+    Replicas
+    | Scraped
+    | ProbeAnswered
+    | Standbys
+    | Arrived
+    | AttemptFailed
+    | Finished
+    | ClientGone
+    | Tick
+)
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Send request ``request_id`` to ``replica`` (``retry``: not its first attempt).
+
+    ``policy``, ``panic`` and ``matched`` say how the router chose (metrics)."""
+
+    request_id: str
+    replica: ReplicaId
+    retry: bool = False
+    policy: str = ""
+    panic: bool = False
+    matched: int = 0
+
+
+class RejectReason:
+    """Why a request got no replica (the shell's 503 says it in words)."""
+
+    SHED: Final = "shed"
+    EXPIRED: Final = "expired"
+    NO_REPLICA: Final = "no_replica"
+    HOLD_FULL: Final = "hold_full"
+    HOLD_TIMEOUT: Final = "hold_timeout"
+    EXHAUSTED: Final = "exhausted"
+    """Every candidate failed, or the retry budget refused the next retry."""
+    BROKEN: Final = "broken"
+    """Its stream broke after the first byte: the client has an error event."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Request ``request_id`` ends without an answer from a replica (503, or an error
+    event on a broken stream); ``budget``: a retry was refused by the retry budget."""
+
+    request_id: str
+    reason: str
+    budget: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Probe ``replica``'s health endpoint now; report :class:`ProbeAnswered`."""
+
+    model: str
+    replica: ReplicaId
+
+
+@dataclass(frozen=True, slots=True)
+class Ejected:
+    """A line of the ejection log (made, dry-run, or refused by the limit)."""
+
+    record: EjectionRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """An autoscaling decision (one per decision, acting or not): ``decision`` and the
+    ``view`` it was made on. The shell acts when :attr:`acts` (promote standbys, serve
+    ``decision.desired``, drain ``decision.drain``) and logs/exports every one."""
+
+    decision: ScaleDecision
+    view: PoolView
+
+    @property
+    def acts(self) -> bool:
+        d = self.decision
+        return d.direction is not ScaleDirection.HOLD or bool(d.promote) or bool(d.drain)
+
+
+Command = Route | Reject | Probe | Ejected | Scale
+
+# -- JSON -------------------------------------------------------------------------------------
+
+
+def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
+    """The event as a JSON-ready dict (``kind`` names its class)."""
+    match event:
+        case Replicas(model=model, replicas=replicas):
+            items = [[r.id, r.state.value, r.incarnation] for r in replicas]
+            return {"kind": "replicas", "model": model, "replicas": items}
+        case Scraped(model=model, loads=loads):
+            rows = [[x.replica, x.running, x.waiting, x.kv_cache_usage] for x in loads]
+            return {"kind": "scraped", "model": model, "loads": rows}
+        case ProbeAnswered(model=model, replica=replica, ok=ok):
+            return {"kind": "probe", "model": model, "replica": replica, "ok": ok}
+        case Standbys(model=model, standbys=standbys):
+            rows = [[s.id, s.ready, s.since] for s in standbys]
+            return {"kind": "standbys", "model": model, "standbys": rows}
+        case Arrived(request=r, priority=priority, weight=weight, deadline=deadline):
+            return {
+                "kind": "arrived",
+                "model": r.model,
+                "id": r.request_id,
+                "hashes": list(r.prefix_hashes),
+                "prompt_tokens": r.prompt_tokens,
+                "session": r.session_key,
+                "tenant": r.tenant,
+                "priority": priority,
+                "weight": weight,
+                "deadline": deadline,
+            }
+        case AttemptFailed(model=model, request_id=rid, outcome=outcome, streamed=streamed):
+            return {
+                "kind": "failed",
+                "model": model,
+                "id": rid,
+                "outcome": outcome.value,
+                "streamed": streamed,
+            }
+        case Finished(model=model, request_id=rid, outcome=outcome, work=work):
+            return {
+                "kind": "finished",
+                "model": model,
+                "id": rid,
+                "outcome": outcome.value,
+                "work": None if work is None else list(work),
+            }
+        case ClientGone(model=model, request_id=rid):
+            return {"kind": "gone", "model": model, "id": rid}
+        case Tick():
+            return {"kind": "tick"}
+    raise TypeError(f"not an event: {event!r}")
+
+
+def event_from_json(data: dict[str, Any]) -> Event:
+    """The inverse of :func:`event_to_json`; ``ValueError`` for a line it cannot read."""
+    try:
+        return _EVENT_READERS[data["kind"]](data)
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise ValueError(f"not a recorded event: {data!r} ({error!r})") from None
+
+
+def _arrived(d: dict[str, Any]) -> Arrived:
+    request = RouteRequest(
+        str(d["id"]),
+        str(d["model"]),
+        prefix_hashes=tuple(int(h) for h in d["hashes"]),
+        prompt_tokens=int(d["prompt_tokens"]),
+        session_key=d["session"],
+        tenant=d["tenant"],
+    )
+    deadline = d["deadline"]
+    return Arrived(
+        request, int(d["priority"]), float(d["weight"]), None if deadline is None else deadline
+    )
+
+
+def _finished(d: dict[str, Any]) -> Finished:
+    work = d["work"]
+    return Finished(
+        d["model"], d["id"], Outcome(d["outcome"]), None if work is None else (work[0], work[1])
+    )
+
+
+_EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
+    "replicas": lambda d: Replicas(
+        d["model"],
+        tuple(ReplicaSeen(ReplicaId(i), ReplicaState(s), n) for i, s, n in d["replicas"]),
+    ),
+    "scraped": lambda d: Scraped(
+        d["model"], tuple(ScrapedLoad(ReplicaId(r), n, w, kv) for r, n, w, kv in d["loads"])
+    ),
+    "probe": lambda d: ProbeAnswered(d["model"], ReplicaId(d["replica"]), bool(d["ok"])),
+    "standbys": lambda d: Standbys(
+        d["model"], tuple(Standby(ReplicaId(i), bool(r), float(s)) for i, r, s in d["standbys"])
+    ),
+    "arrived": _arrived,
+    "failed": lambda d: AttemptFailed(
+        d["model"], d["id"], Outcome(d["outcome"]), bool(d["streamed"])
+    ),
+    "finished": _finished,
+    "gone": lambda d: ClientGone(d["model"], d["id"]),
+    "tick": lambda d: Tick(),
+}
+
+
+def command_to_json(command: Command) -> dict[str, Any]:
+    """The command as a JSON-ready dict: the decision log's line."""
+    match command:
+        case Route(request_id=rid, replica=replica, retry=retry):
+            return {"do": "route", "id": rid, "replica": replica, "retry": retry}
+        case Reject(request_id=rid, reason=reason, budget=budget):
+            return {"do": "reject", "id": rid, "reason": reason, "budget": budget}
+        case Probe(model=model, replica=replica):
+            return {"do": "probe", "model": model, "replica": replica}
+        case Ejected(record=r):
+            return {
+                "do": "eject",
+                "model": r.model,
+                "replica": r.replica,
+                "cause": r.cause.value,
+                "enforced": r.enforced,
+                "overflow": r.overflow,
+                "ejections": r.ejections,
+                "duration": r.duration,
+            }
+        case Scale(decision=decision, view=view):
+            return {"do": "scale", **decision_record(decision, view)}
+    raise TypeError(f"not a command: {command!r}")

@@ -1,0 +1,560 @@
+"""The pool controller: one model pool's control loop, sans I/O.
+
+::
+
+    pool = PoolController(settings)
+    commands = pool.handle(now, event)     # Route · Reject · Probe · Ejected · Scale
+    pool.next_wakeup()                     # hand it a Tick() then (or sooner, with news)
+
+It owns every rule between the shells and the policies: which view the router and the
+health policy see and when it is rebuilt, the request's walk through admission, routing
+and retries, the counts those read (requests in flight, retries in flight, attempts per
+replica, arrivals), restarts and probes, holds at an empty pool, and when the autoscaler
+decides. It never sleeps, reads a clock or does I/O; the gateway and the simulator feed it
+the same events and carry out the same commands.
+
+A request's life (conserved: every ``Arrived`` ends in exactly one final command — a
+``Reject``, or a ``Route`` whose attempt the shell ends with ``Finished``)::
+
+    Arrived ─► admission ─┬─ starts now ─────────────────┐
+                          └─ queued ─► admitted (pump) ───┤        (or Reject: shed, expired)
+                                                          ▼
+               rank ─► Route(first candidate) ◄─── held while the pool has no replica
+                          │                          (autoscaled pools; Reject on timeout)
+           AttemptFailed ─┼─► Route(next candidate, retry)  within max_retries and budget
+                          └─► Reject(exhausted | broken)
+           Finished ──────► leaves: admission pumps the queue
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from itertools import chain, islice
+from random import Random
+from typing import Final
+
+from gpufleet.control._events import (
+    Arrived,
+    AttemptFailed,
+    ClientGone,
+    Command,
+    Ejected,
+    Event,
+    Finished,
+    Probe,
+    ProbeAnswered,
+    Reject,
+    RejectReason,
+    Replicas,
+    ReplicaSeen,
+    Route,
+    Scale,
+    Scraped,
+    Standbys,
+    Tick,
+)
+from gpufleet.control._settings import PoolSettings
+from gpufleet.fleet import (
+    NO_LOAD,
+    FleetView,
+    Outcome,
+    ProbeResult,
+    ReplicaId,
+    ReplicaLoad,
+    ReplicaState,
+    ReplicaView,
+    RequestFinished,
+    RouteRequest,
+)
+from gpufleet.policy import (
+    AutoscalePolicy,
+    HealthDecision,
+    HealthPolicy,
+    PoolAdmission,
+    PoolView,
+    Router,
+    ScaleDecision,
+    Standby,
+    Ticket,
+    make_router,
+    retry_allowed,
+)
+
+ANONYMOUS: Final = "anonymous"
+"""The tenant of a request that names none."""
+_LEAVING: Final = frozenset({ReplicaState.DRAINING, ReplicaState.STOPPED})
+"""Runtime states of a replica that takes no new attempt (a retry included)."""
+_QUEUED, _HELD, _ROUTED = 0, 1, 2
+
+
+@dataclass(slots=True)
+class _Request:
+    request: RouteRequest
+    ticket: Ticket | None
+    phase: int = _QUEUED
+    replica: ReplicaId | None = None
+    candidates: list[ReplicaId] = dataclasses.field(default_factory=list)
+    retry: bool = False
+    """Its attempt in flight is a retry (counted in ``active_retries``)."""
+    hold_until: float = 0.0
+
+
+@dataclass(slots=True)
+class PoolCounters:
+    """What the pool did, counted (both shells report these)."""
+
+    arrived: int = 0
+    routed: int = 0
+    """Rankings asked for."""
+    matched_blocks: int = 0
+    """Prefix blocks the router believed cached on the replicas it picked."""
+    retries: int = 0
+    retries_refused: int = 0
+    rejected: int = 0
+    no_replica: int = 0
+    """Requests no replica could take (none routable, or every candidate failed)."""
+    broken: int = 0
+    """Streams that broke after their first byte."""
+    shed: int = 0
+    expired: int = 0
+    held: int = 0
+    hold_timeouts: int = 0
+
+
+class PoolController:
+    """One model pool's control loop. See the module docstring."""
+
+    def __init__(self, settings: PoolSettings) -> None:
+        self.settings = settings
+        self.model = settings.model
+        seed, i = settings.seed, settings.index
+        self.router: Router = make_router(settings.routing, Random(seed * 1000 + 2 * i))
+        self.health = HealthPolicy(settings.health, Random(seed * 1000 + 2 * i + 1))
+        self.admission = (
+            None
+            if settings.admission is None
+            else PoolAdmission(settings.admission, settings.max_num_seqs)
+        )
+        self.autoscaler = (
+            None
+            if settings.autoscale is None
+            else AutoscalePolicy(settings.autoscale, settings.max_num_seqs)
+        )
+        self.counters = PoolCounters()
+        self.view = FleetView.of(0.0, ())
+        """What the router reads: runtime states after health, last scraped loads."""
+        self.decision: HealthDecision | None = None
+        self.last_scale: ScaleDecision | None = None
+        self.in_flight = 0
+        """Requests admitted and not yet ended (held ones too): the retry budget's base."""
+        self.active_retries = 0
+        self.attempts: dict[ReplicaId, int] = {}
+        """Attempts in flight per replica: the autoscaler's in-flight count."""
+        self.standbys: tuple[Standby, ...] = ()
+        self._seen: dict[ReplicaId, ReplicaSeen] = {}
+        self._loads: dict[ReplicaId, ReplicaLoad] = {}
+        self._views: dict[ReplicaId, ReplicaView] = {}
+        self._restarted: set[ReplicaId] = set()
+        self._requests: dict[str, _Request] = {}
+        self._queued: dict[str, _Request] = {}
+        self._held: dict[str, _Request] = {}
+        self._health_at: float | None = None
+        self._queue_at: float | None = None
+        self._scale_start: float | None = None
+        self._scale_count = 0
+        self._scale_wake: float | None = None
+        self._scale_last: float | None = None
+        self._scale_arrivals = 0
+
+    # -- the one entry point -------------------------------------------------------------
+
+    def handle(self, now: float, event: Event) -> list[Command]:  # noqa: PLR0912 - one match
+        """Take ``event`` at ``now``; the commands to carry out, in order."""
+        out: list[Command] = []
+        match event:
+            case Arrived():
+                self._arrived(now, event, out)
+            case Finished(request_id=rid, outcome=outcome, work=work):
+                req = self._requests.get(rid)
+                if req is not None and req.phase == _ROUTED:
+                    decide = self._end_attempt(now, req, outcome)
+                    self._done(now, req, work, out)
+                    if decide:
+                        self._decide_health(now, out)
+            case AttemptFailed(request_id=rid, outcome=outcome, streamed=streamed):
+                req = self._requests.get(rid)
+                if req is not None and req.phase == _ROUTED:
+                    self._failed(now, req, outcome, streamed, out)
+            case ClientGone(request_id=rid):
+                self._gone(now, rid, out)
+            case Replicas(replicas=replicas):
+                self._replicas(now, replicas, out)
+            case Scraped(loads=loads):
+                for x in loads:
+                    if x.replica in self._seen:
+                        self._loads[x.replica] = ReplicaLoad(
+                            running=x.running,
+                            waiting=x.waiting,
+                            kv_cache_usage=min(1.0, x.kv_cache_usage),
+                            observed_at=now,
+                        )
+                self._refresh(now, out)
+            case ProbeAnswered(replica=replica, ok=ok):
+                if replica in self._seen and self.health.on_event(now, ProbeResult(replica, ok)):
+                    self._decide_health(now, out)
+            case Standbys(standbys=standbys):
+                self.standbys = standbys
+            case Tick():
+                self._tick(now, out)
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time something falls due (a health decision, the queue's tick, a
+        held request's deadline, an autoscaling decision); ``None``: nothing."""
+        times = [t for t in (self._health_at, self._queue_at) if t is not None]
+        if self._held:
+            times.append(next(iter(self._held.values())).hold_until)
+        if self.autoscaler is not None:
+            times.append(self._scale_due())
+        return min(times, default=None)
+
+    # -- questions ------------------------------------------------------------------------
+
+    def routable(self) -> tuple[ReplicaView, ...]:
+        return self.view.routable(self.model)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queued)
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def pool_view(self, demand: float = 0.0) -> PoolView:
+        """The pool as the autoscaler sees it: the routing view with this controller's
+        attempts in flight per replica, the standbys, the held requests."""
+        attempts = self.attempts
+        return PoolView.of(
+            self.view,
+            self.model,
+            in_flight=lambda r: attempts.get(r, 0),
+            demand=demand,
+            standbys=self.standbys,
+            held=len(self._held),
+        )
+
+    # -- the runtime's picture ------------------------------------------------------------
+
+    def _replicas(self, now: float, replicas: tuple[ReplicaSeen, ...], out: list[Command]) -> None:
+        old = self._seen
+        fresh = {r.id: r for r in replicas}
+        for r in replicas:
+            was = old.get(r.id)
+            if r.incarnation is not None and (was is None or was.incarnation != r.incarnation):
+                self._restarted.add(r.id)  # a new process: its checks start over
+        for gone in old.keys() - fresh.keys():
+            self._loads.pop(gone, None)
+            self._views.pop(gone, None)
+            self._restarted.discard(gone)
+        self._seen = fresh
+        restarted = bool(self._restarted)
+        self._decide_health(now, out)
+        if restarted:
+            self._decide_health(now, out)  # the new process's first probe, at once
+
+    def _reachable(self, replica: ReplicaId) -> bool:
+        """An attempt can go there: the runtime has a process for it, not leaving."""
+        seen = self._seen.get(replica)
+        return seen is not None and seen.incarnation is not None and seen.state not in _LEAVING
+
+    def _runtime_state(self, seen: ReplicaSeen) -> ReplicaState:
+        return ReplicaState.STARTING if seen.incarnation is None else seen.state
+
+    def _decide_health(self, now: float, out: list[Command]) -> None:
+        members = []
+        for rid, seen in self._seen.items():
+            state = self._runtime_state(seen)
+            if rid in self._restarted and state is ReplicaState.READY:
+                state = ReplicaState.STARTING  # the first decision after a restart resets it
+            members.append(ReplicaView(rid, self.model, state))
+        self._restarted.clear()
+        decision = self.health.decide(now, FleetView(now, {self.model: tuple(members)}))
+        self.decision = decision
+        self._health_at = decision.next_at
+        out.extend(Ejected(record) for record in decision.ejections)
+        out.extend(Probe(self.model, replica) for replica in decision.probes)
+        self._refresh(now, out)
+
+    def _refresh(self, now: float, out: list[Command]) -> None:
+        """Rebuild the routing view (a replica's view object kept while it is unchanged:
+        routers key caches on a pool's identity); route held requests if it has room."""
+        decided = None if self.decision is None else self.decision.states
+        views, loads = self._views, self._loads
+        current: list[ReplicaView] = []
+        for rid, seen in self._seen.items():
+            state = self._runtime_state(seen)
+            if state is ReplicaState.READY:
+                state = (decided.get(rid) if decided is not None else None) or (
+                    ReplicaState.STARTING
+                )
+            load = loads.get(rid, NO_LOAD)
+            view = views.get(rid)
+            if view is None or view.state is not state or view.load is not load:
+                view = views[rid] = ReplicaView(rid, self.model, state, load)
+            current.append(view)
+        self.view = FleetView(now, {self.model: tuple(current)} if current else {})
+        if self._held and self.view.routable(self.model):
+            for req in list(self._held.values()):
+                del self._held[req.request.request_id]
+                self._route(now, req, out)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _arrived(self, now: float, event: Arrived, out: list[Command]) -> None:
+        request = event.request
+        self.counters.arrived += 1
+        self._scale_arrivals += 1
+        admission = self.admission
+        if admission is None:
+            req = _Request(request, None)
+            self._requests[request.request_id] = req
+            self.in_flight += 1
+            self._route(now, req, out)
+            return
+        deadline = event.deadline if event.deadline is not None else now + admission.config.max_wait
+        ticket = Ticket(
+            request.request_id,
+            request.tenant or ANONYMOUS,
+            event.priority,
+            event.weight,
+            request.prompt_tokens,
+            deadline,
+            now,
+        )
+        req = _Request(request, ticket)
+        self._requests[request.request_id] = req
+        if admission.enter(ticket, self.routable()):
+            self.in_flight += 1
+            self._route(now, req, out)
+            return
+        self._queued[ticket.id] = req
+        for shed in admission.offer(now, ticket):
+            self.counters.shed += 1
+            self._reject(self._queued.pop(shed.id), RejectReason.SHED, out)
+        self._pump(now, out)
+        if self._queue_at is None and self._queued:
+            self._queue_at = now + admission.config.tick
+
+    def _pump(self, now: float, out: list[Command]) -> None:
+        admission = self.admission
+        if admission is None or not self._queued:
+            return
+        routable = self.routable()
+        while (ticket := admission.admit(now, routable)) is not None:
+            req = self._queued.pop(ticket.id)
+            self.in_flight += 1
+            self._route(now, req, out)
+            routable = self.routable()
+
+    def _route(self, now: float, req: _Request, out: list[Command]) -> None:
+        """Rank an admitted request and send it to its first candidate (or hold it, or
+        refuse it)."""
+        ranking = self.router.rank(now, req.request, self.view)
+        self.counters.routed += 1
+        candidates = [
+            r
+            for r in islice(chain.from_iterable(ranking.tiers), 1 + self.settings.retry.max_retries)
+            if self._reachable(r)
+        ]
+        if not candidates:
+            if not ranking.tiers and self.settings.holds:
+                self._hold(now, req, out)
+                return
+            self.counters.no_replica += 1
+            self._finish(req, RejectReason.NO_REPLICA, out)
+            return
+        replica = candidates.pop(0)
+        matched = ranking.matched(replica)
+        self.counters.matched_blocks += matched
+        req.candidates = candidates
+        self._start(now, req, replica, retry=False)
+        out.append(
+            Route(req.request.request_id, replica, False, ranking.policy, ranking.panic, matched)
+        )
+
+    def _start(self, now: float, req: _Request, replica: ReplicaId, *, retry: bool) -> None:
+        req.phase, req.replica, req.retry = _ROUTED, replica, retry
+        if retry:
+            self.active_retries += 1
+        self.attempts[replica] = self.attempts.get(replica, 0) + 1
+        self.router.on_request_start(now, req.request, replica)
+
+    def _end_attempt(self, now: float, req: _Request, outcome: Outcome) -> bool:
+        """The attempt in flight ended; whether health wants a decision now."""
+        replica = req.replica
+        assert replica is not None
+        req.replica = None
+        if req.retry:
+            self.active_retries -= 1
+            req.retry = False
+        n = self.attempts[replica] - 1
+        if n:
+            self.attempts[replica] = n
+        else:
+            del self.attempts[replica]
+        self.router.on_request_end(now, req.request, replica, outcome)
+        if replica in self._seen:
+            return self.health.on_event(now, RequestFinished(replica, outcome))
+        return False
+
+    def _failed(
+        self, now: float, req: _Request, outcome: Outcome, streamed: bool, out: list[Command]
+    ) -> None:
+        """An attempt failed: retry on the next candidate (before the first byte, within
+        the retry budget), else the request ends in an error. Health decides after."""
+        decide = self._end_attempt(now, req, outcome)
+        if streamed:
+            self.counters.broken += 1
+            self._finish(req, RejectReason.BROKEN, out)
+        else:
+            self._retry(now, req, out)
+        if decide:
+            self._decide_health(now, out)
+
+    def _retry(self, now: float, req: _Request, out: list[Command]) -> None:
+        retry = self.settings.retry
+        while req.candidates:
+            replica = req.candidates.pop(0)
+            if not self._reachable(replica):
+                continue
+            if not retry_allowed(
+                self.active_retries,
+                self.in_flight,
+                budget_percent=retry.budget_percent,
+                min_retry_concurrency=retry.min_retry_concurrency,
+            ):
+                self.counters.retries_refused += 1
+                self._finish(req, RejectReason.EXHAUSTED, out, budget=True)
+                return
+            self.counters.retries += 1
+            self._start(now, req, replica, retry=True)
+            out.append(Route(req.request.request_id, replica, True, "", False, 0))
+            return
+        self.counters.no_replica += 1
+        self._finish(req, RejectReason.EXHAUSTED, out)
+
+    def _hold(self, now: float, req: _Request, out: list[Command]) -> None:
+        settings = self.settings
+        if len(self._held) >= settings.hold_requests:
+            self._finish(req, RejectReason.HOLD_FULL, out)
+            return
+        req.phase = _HELD
+        req.hold_until = now + settings.hold_timeout
+        self._held[req.request.request_id] = req
+        self.counters.held += 1
+        if len(self._held) == 1 and self.autoscaler is not None:
+            self._scale(now, out)  # a pool at zero cold-starts now, not at the next tick
+
+    def _gone(self, now: float, rid: str, out: list[Command]) -> None:
+        req = self._requests.get(rid)
+        if req is None:
+            return
+        if req.phase == _ROUTED:
+            decide = self._end_attempt(now, req, Outcome.CANCELLED)
+            self._done(now, req, None, out)
+            if decide:
+                self._decide_health(now, out)
+            return
+        if req.phase == _HELD:
+            del self._held[rid]
+            self._done(now, req, None, out)
+            return
+        del self._requests[rid]
+        del self._queued[rid]
+        if self.admission is not None and req.ticket is not None:
+            self.admission.discard(req.ticket)
+
+    def _finish(
+        self, req: _Request, reason: str, out: list[Command], *, budget: bool = False
+    ) -> None:
+        """An admitted request ends without an answer: it leaves, then a Reject."""
+        self.counters.rejected += 1
+        self._leave(req, None)
+        out.append(Reject(req.request.request_id, reason, budget))
+
+    def _reject(self, req: _Request, reason: str, out: list[Command]) -> None:
+        """A queued request is refused (never admitted)."""
+        self.counters.rejected += 1
+        del self._requests[req.request.request_id]
+        out.append(Reject(req.request.request_id, reason))
+
+    def _done(
+        self, now: float, req: _Request, work: tuple[int, int] | None, out: list[Command]
+    ) -> None:
+        self._leave(req, work)
+        self._pump(now, out)
+
+    def _leave(self, req: _Request, work: tuple[int, int] | None) -> None:
+        del self._requests[req.request.request_id]
+        self.in_flight -= 1
+        if self.admission is not None and req.ticket is not None:
+            self.admission.leave(req.ticket, work)
+
+    # -- time -----------------------------------------------------------------------------
+
+    def _tick(self, now: float, out: list[Command]) -> None:
+        if self._health_at is not None and now >= self._health_at:
+            self._decide_health(now, out)
+        while self._held:
+            req = next(iter(self._held.values()))
+            if req.hold_until > now:
+                break
+            del self._held[req.request.request_id]
+            self.counters.hold_timeouts += 1
+            self._finish(req, RejectReason.HOLD_TIMEOUT, out)
+        if self._queue_at is not None and now >= self._queue_at:
+            self._queue_tick(now, out)
+        if self.autoscaler is not None and now >= self._scale_due():
+            self._scale(now, out)
+
+    def _queue_tick(self, now: float, out: list[Command]) -> None:
+        admission = self.admission
+        assert admission is not None
+        for ticket in admission.expire(now):
+            self.counters.expired += 1
+            self._reject(self._queued.pop(ticket.id), RejectReason.EXPIRED, out)
+        self._pump(now, out)
+        self._queue_at = now + admission.config.tick if self._queued else None
+
+    def _scale_due(self) -> float:
+        """The next autoscaling decision: every ``interval`` from the first, or sooner at
+        the last decision's ``next_at``."""
+        if self._scale_start is None:
+            return float("-inf")
+        periodic = self._scale_start + self._scale_count * self.settings.autoscale_interval
+        wake = self._scale_wake
+        return periodic if wake is None else min(periodic, wake)
+
+    def _scale(self, now: float, out: list[Command]) -> None:
+        policy = self.autoscaler
+        assert policy is not None
+        interval = self.settings.autoscale_interval
+        if self._scale_start is None:
+            self._scale_start = now
+        while self._scale_start + self._scale_count * interval <= now:
+            self._scale_count += 1
+        if self._scale_wake is not None and self._scale_wake <= now:
+            self._scale_wake = None
+        span = None if self._scale_last is None else now - self._scale_last
+        demand = self._scale_arrivals / span if span else 0.0
+        if span is None or span > 0:
+            self._scale_last, self._scale_arrivals = now, 0
+        view = self.pool_view(demand)
+        decision = policy.decide(now, view)
+        self.last_scale = decision
+        nxt = decision.next_at
+        if nxt is not None and now < nxt and (self._scale_wake is None or nxt < self._scale_wake):
+            self._scale_wake = nxt
+        out.append(Scale(decision, view))

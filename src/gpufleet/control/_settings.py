@@ -1,0 +1,85 @@
+"""What one pool controller is told at birth: the fleet file's entry, read once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.config import FleetConfig, ModelConfig, RetryConfig
+from gpufleet.policy import (
+    AdmissionConfig,
+    AutoscaleConfig,
+    HealthConfig,
+    KVAwareConfig,
+    PrefixAwareConfig,
+    RouterConfig,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """One model pool's rules, as both shells run them."""
+
+    model: str
+    index: int
+    """The pool's place in the fleet file: its router draws from ``Random(seed × 1000 +
+    2 × index)``, its health policy from ``… + 1``."""
+    seed: int
+    routing: RouterConfig
+    health: HealthConfig
+    retry: RetryConfig
+    max_num_seqs: int
+    admission: AdmissionConfig | None
+    """The admission queue (``None``: every request starts at once)."""
+    autoscale: AutoscaleConfig | None
+    autoscale_interval: float = 1.0
+    hold_requests: int = 0
+    """Requests an autoscaled pool with no routable replica holds (scale from zero)."""
+    hold_timeout: float = 60.0
+
+    @classmethod
+    def of(
+        cls,
+        fleet: FleetConfig,
+        model: ModelConfig,
+        *,
+        seed: int | None = None,
+        admission: bool | None = None,
+        autoscale_interval: float | None = None,
+    ) -> PoolSettings:
+        """``model``'s pool of ``fleet``; ``admission`` defaults to ``tenants.auth`` (the
+        gateway queues only with auth on), ``seed`` to ``gateway.seed``."""
+        gateway = fleet.gateway
+        admitting = fleet.tenants.auth if admission is None else admission
+        return cls(
+            model=model.name,
+            index=[m.name for m in fleet.models].index(model.name),
+            seed=gateway.seed if seed is None else seed,
+            routing=model.routing,
+            health=model.health,
+            retry=gateway.retry,
+            max_num_seqs=model.max_num_seqs,
+            admission=fleet.tenants.admission if admitting else None,
+            autoscale=model.autoscale,
+            autoscale_interval=(
+                gateway.autoscaler.interval if autoscale_interval is None else autoscale_interval
+            ),
+            hold_requests=gateway.autoscaler.hold_requests,
+            hold_timeout=gateway.autoscaler.hold_timeout,
+        )
+
+    @property
+    def scraped(self) -> bool:
+        """Whether the pool's engines are scraped: its router reads their load, or its
+        admission gauge or autoscaler does. One rule for both shells."""
+        reads = isinstance(self.routing, KVAwareConfig | PrefixAwareConfig)
+        return reads or self.admission is not None or self.autoscale is not None
+
+    @property
+    def hashes(self) -> bool:
+        """Whether the router reads prefix hashes (only then are they computed)."""
+        return isinstance(self.routing, PrefixAwareConfig)
+
+    @property
+    def holds(self) -> bool:
+        """A request that finds no routable replica waits for one (an autoscaled pool)."""
+        return self.autoscale is not None and self.hold_requests > 0

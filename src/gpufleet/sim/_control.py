@@ -1,0 +1,501 @@
+"""The simulator's shell around the pool controller: kernel events in, commands carried out.
+
+The gateway's control loop runs here unchanged (``gpufleet.control``); this module only
+turns the simulated world into its events and does what it says::
+
+    Arrival          ─► Arrived(RouteRequest: pool, prefix hashes, prompt tokens, tenant)
+    replica ends     ─► Finished(work: uncached prompt, output tokens)
+    crash            ─► AttemptFailed(streamed: had its first token) · Replicas(no process)
+    restart / join   ─► Replicas(new incarnation)      drain / leave ─► Replicas
+    scrape tick      ─► Scraped(running, waiting, KV usage of each scraped replica)
+    Wake @ next_wakeup() ─► Tick
+    ─────────────────────────────────────────────────────────────────────────────────────
+    Route  ─► drivers[k].submit (at once; from a replica's step end, by a Dispatch event at
+              that instant, since one replica's event may not touch another)
+    Reject ─► an error row (the gateway's 503, or a stream cut mid-way)
+    Probe  ─► answered at once: ok unless the replica is down
+    Scale  ─► the modelled runtime (``gpufleet.sim._autoscale``)
+
+:class:`SimReplicas` is the one registry of the simulated runtime: each replica's id, pool,
+driver, state and incarnation, in the order the controller sees them (serving replicas in
+the order they joined, then those still starting).
+
+Prefix hashes name token blocks: the gateway hashes the prompt *text* in blocks of 512
+characters, chained (:func:`~gpufleet.fleet.text_prefix_hashes`); the simulator has token
+ids, so it chains hashes over blocks of :data:`PREFIX_HASH_TOKENS` = 128 ids (512 characters
+at ~4 characters per token), at most 256 blocks, tail dropped. Trace prefix blocks
+(``hash_ids``, 512 tokens) are whole multiples of 128.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from gpufleet.control import (
+    Arrived,
+    AttemptFailed,
+    Command,
+    Ejected,
+    Finished,
+    FleetController,
+    Probe,
+    ProbeAnswered,
+    Reject,
+    Replicas,
+    ReplicaSeen,
+    Route,
+    Scale,
+    Scraped,
+    ScrapedLoad,
+    Standbys,
+    Tick,
+)
+from gpufleet.control import Event as ControlEvent
+from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
+from gpufleet.policy import EjectionRecord, Standby
+from gpufleet.sim._harness import FleetHarness
+from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
+from gpufleet.sim._replica_driver import ReplicaDriver
+from gpufleet.sim._traces import TraceRequest
+
+PREFIX_HASH_TOKENS: Final = 128
+"""Token ids per prefix-hash block: the token count of the gateway's 512-character block."""
+PREFIX_HASH_MAX_BLOCKS: Final = 256
+"""At most this many blocks are hashed, as in the gateway."""
+
+
+def token_prefix_hashes(
+    ids: Sequence[int],
+    block_tokens: int = PREFIX_HASH_TOKENS,
+    max_blocks: int = PREFIX_HASH_MAX_BLOCKS,
+) -> tuple[int, ...]:
+    """Chained hashes of the first ``max_blocks`` full ``block_tokens``-id blocks of ``ids``.
+
+    The token-id twin of :func:`gpufleet.fleet.text_prefix_hashes`: ``h0 = H(0, b0)``,
+    ``h1 = H(h0, b1)``, … Hashes of integer tuples are not salted, so the chain is the same
+    in every process (a seeded run stays one run).
+    """
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be at least 1, got {block_tokens}")
+    ids = tuple(ids)
+    end = min(len(ids) // block_tokens, max_blocks) * block_tokens
+    hashes: list[int] = []
+    chained = 0
+    for start in range(0, end, block_tokens):
+        chained = hash((chained, ids[start : start + block_tokens]))
+        hashes.append(chained)
+    return tuple(hashes)
+
+
+@dataclass(slots=True)
+class SimReplica:
+    """One replica of the simulated runtime."""
+
+    id: ReplicaId
+    model: str
+    state: ReplicaState
+    driver: int | None = None
+    """Its driver index once it serves (``None`` while it cold-starts or is promoted)."""
+    incarnation: int | None = 0
+    """Its process (``None``: none now: crashed, or not started yet)."""
+    restarts: int = 0
+    last_end: float = 0.0
+    """When its last request ended (a drained replica leaves then)."""
+
+
+class SimReplicas:
+    """The simulated runtime's replicas, per pool: serving ones in join order, then the
+    ones still starting; a driver index names each serving one for good."""
+
+    __slots__ = ("by_driver", "by_id", "pools", "starting")
+
+    def __init__(self, pools: Sequence[str]) -> None:
+        self.pools: dict[str, list[SimReplica]] = {p: [] for p in pools}
+        self.starting: dict[str, list[SimReplica]] = {p: [] for p in pools}
+        self.by_driver: list[SimReplica] = []
+        self.by_id: dict[ReplicaId, SimReplica] = {}
+
+    def seen(self, model: str) -> Replicas:
+        """The pool as the runtime reports it (stopped replicas left out)."""
+        return Replicas(
+            model,
+            tuple(
+                ReplicaSeen(r.id, r.state, None if r.incarnation is None else str(r.incarnation))
+                for r in (*self.pools[model], *self.starting[model])
+                if r.state is not ReplicaState.STOPPED
+            ),
+        )
+
+    def members(self, model: str) -> list[int]:
+        """Driver indices of ``model``'s replicas that are not stopped, oldest first."""
+        return [
+            r.driver
+            for r in self.pools[model]
+            if r.driver is not None and r.state is not ReplicaState.STOPPED
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """The controller asked to be woken now (``next_wakeup``)."""
+
+    target: SimControl
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Carry out commands that arose inside one replica's step end, at that instant."""
+
+    target: SimControl
+    commands: tuple[Command, ...]
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: TraceRequest
+    prompt: tuple[int, ...]
+    routed: bool = False
+
+
+class SimControl:
+    """The harness's gate and routing seam, around one :class:`~gpufleet.control.FleetController`.
+
+    Built with the fleet's initial replicas (``counts`` per pool, in the fleet file's order,
+    named ``<pool>-<i>`` as the gateway names them) as drivers ``0 .. n-1``.
+    ``tenant_of(index, request) -> (tenant, priority, weight)`` says who sent a request.
+    Call :meth:`attach` after ``FleetHarness.start``.
+    """
+
+    def __init__(
+        self,
+        control: FleetController,
+        counts: Sequence[int],
+        *,
+        scrape_interval: float,
+        tenant_of: Callable[[int, TraceRequest], tuple[str, int, float]] | None = None,
+        on_refuse: Callable[[int, str], None] | None = None,
+    ) -> None:
+        self.control = control
+        pools = list(control.pools)
+        self.replicas = SimReplicas(pools)
+        self._named = dict.fromkeys(pools, 0)
+        for model, count in zip(pools, counts, strict=True):
+            if count < 1:
+                raise ValueError(f"model {model!r} has no replicas to simulate")
+            for _ in range(count):
+                self._join(model, self._new(model, ReplicaState.READY, incarnation=0))
+        self.scrape_interval = scrape_interval
+        self._tenant_of = tenant_of
+        self._on_refuse = on_refuse
+        self.blackout: set[int] = set()
+        """Replicas whose scrapes do not update (a metric blackout)."""
+        self.scrapes = 0
+        self.ejections: list[EjectionRecord] = []
+        self.refused_pool: dict[int, str] = {}
+        """The pool of each request that failed without ever reaching a replica."""
+        self.waits: dict[int, float] = {}
+        """Seconds each request waited before its first attempt (queued or held)."""
+        self.on_scale: Callable[[float, Scale], None] | None = None
+        """The modelled runtime's actuator (``Autoscaling.act``)."""
+        self.on_wake: Callable[[float], None] | None = None
+        """Called before each Tick (the modelled runtime retires drained replicas)."""
+        self._harness: FleetHarness | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._wake_at: float | None = None
+        self._local = False
+        self._deferred: list[Command] = []
+
+    # -- the registry ---------------------------------------------------------------------
+
+    def _new(self, model: str, state: ReplicaState, *, incarnation: int | None) -> SimReplica:
+        n = self._named[model]
+        self._named[model] = n + 1
+        replica = SimReplica(ReplicaId(f"{model}-{n}"), model, state, incarnation=incarnation)
+        self.replicas.by_id[replica.id] = replica
+        return replica
+
+    def _join(self, model: str, replica: SimReplica) -> int:
+        replica.driver = len(self.replicas.by_driver)
+        self.replicas.by_driver.append(replica)
+        self.replicas.pools[model].append(replica)
+        return replica.driver
+
+    @property
+    def replica_ids(self) -> list[ReplicaId]:
+        """Every serving replica's name, in driver order (stopped ones included)."""
+        return [r.id for r in self.replicas.by_driver]
+
+    def pool_names(self) -> list[str]:
+        return list(self.control.pools)
+
+    def members(self, model: str) -> list[int]:
+        return self.replicas.members(model)
+
+    def state(self, replica: int) -> ReplicaState:
+        """What the runtime says of driver ``replica``."""
+        return self.replicas.by_driver[replica].state
+
+    def last_end(self, replica: int) -> float:
+        return self.replicas.by_driver[replica].last_end
+
+    def pool_of(self, request: TraceRequest) -> str:
+        """The model that serves ``request``: the one its trace names, else the first."""
+        model = request.model
+        return model if model is not None and model in self.control.pools else self.pool_names()[0]
+
+    def provision(self, now: float, model: str) -> ReplicaId:
+        """A replica of ``model`` starts (a cold start): listed as starting, no process."""
+        replica = self._new(model, ReplicaState.STARTING, incarnation=None)
+        self.replicas.starting[model].append(replica)
+        self._tell(now, self.replicas.seen(model))
+        return replica.id
+
+    def promoting(self, now: float, model: str, replica: ReplicaId) -> None:
+        """A standby is being promoted: listed as starting until it joins."""
+        entry = SimReplica(replica, model, ReplicaState.STARTING, incarnation=None)
+        self.replicas.by_id[replica] = entry
+        self.replicas.starting[model].append(entry)
+        self._tell(now, self.replicas.seen(model))
+
+    def next_name(self, model: str) -> ReplicaId:
+        """The name the next replica of ``model`` gets (standbys are named too)."""
+        n = self._named[model]
+        self._named[model] = n + 1
+        return ReplicaId(f"{model}-{n}")
+
+    def cancel(self, now: float, replica: ReplicaId) -> None:
+        """A replica still starting is cancelled (drained before it served)."""
+        entry = self.replicas.by_id.get(replica)
+        if entry is not None and entry in self.replicas.starting[entry.model]:
+            self.replicas.starting[entry.model].remove(entry)
+            entry.state = ReplicaState.STOPPED
+            self._tell(now, self.replicas.seen(entry.model))
+
+    def add_replica(self, now: float, model: str, replica: ReplicaId) -> int:
+        """``replica`` of ``model`` is up, as the harness's next driver (its index is
+        returned): a new process, whose checks start over."""
+        entry = self.replicas.by_id.get(replica)
+        if entry is None or entry.driver is not None:
+            entry = SimReplica(replica, model, ReplicaState.READY)
+            self.replicas.by_id[replica] = entry
+        else:
+            self.replicas.starting[model].remove(entry)
+        entry.state, entry.incarnation, entry.last_end = ReplicaState.READY, 0, now
+        k = self._join(model, entry)
+        self._tell(now, self.replicas.seen(model))
+        return k
+
+    def drain_replica(self, now: float, replica: int) -> None:
+        """Scale-in: ``replica`` takes no new request; it finishes those it has."""
+        entry = self.replicas.by_driver[replica]
+        if entry.state is not ReplicaState.STOPPED:
+            entry.state = ReplicaState.DRAINING
+            self._tell(now, self.replicas.seen(entry.model))
+
+    def remove_replica(self, now: float, replica: int) -> None:
+        """``replica`` is gone (drained): out of the pool."""
+        entry = self.replicas.by_driver[replica]
+        if entry.state is ReplicaState.STOPPED:
+            return
+        entry.state = ReplicaState.STOPPED
+        self.replicas.pools[entry.model].remove(entry)
+        self._tell(now, self.replicas.seen(entry.model))
+
+    def replica_down(self, now: float, replica: int) -> None:
+        """The runtime saw ``replica`` die: no process until :meth:`replica_up`."""
+        entry = self.replicas.by_driver[replica]
+        entry.incarnation = None
+        if entry.state is not ReplicaState.DRAINING and entry.state is not ReplicaState.STOPPED:
+            entry.state = ReplicaState.STARTING
+        self._tell(now, self.replicas.seen(entry.model))
+
+    def replica_up(self, now: float, replica: int) -> None:
+        """``replica`` restarted: a new process, whose checks start over."""
+        entry = self.replicas.by_driver[replica]
+        entry.restarts += 1
+        if entry.state is ReplicaState.DRAINING or entry.state is ReplicaState.STOPPED:
+            return
+        entry.state, entry.incarnation = ReplicaState.READY, entry.restarts
+        self._tell(now, self.replicas.seen(entry.model))
+
+    def standbys(self, now: float, model: str, standbys: tuple[Standby, ...]) -> None:
+        self._tell(now, Standbys(model, standbys))
+
+    # -- start ----------------------------------------------------------------------------
+
+    def attach(self, harness: FleetHarness) -> None:
+        """Become ``harness``'s gate and routing; scrape the scraped pools every
+        ``scrape_interval``; tell the controller of the replicas."""
+        self._harness = harness
+        harness.gate = self
+        harness.routing = self
+        now = harness.kernel.now
+        if any(p.settings.scraped for p in self.control.pools.values()):
+            harness.every(self.scrape_interval, self.scrape)
+        for model in self.control.pools:
+            self._tell(now, self.replicas.seen(model))
+
+    def scrape(self, now: float) -> None:
+        """One scrape round: every scraped replica's metrics as of ``now`` (one that is
+        down or blacked out keeps its last load)."""
+        harness = self._harness
+        assert harness is not None
+        drivers = harness.drivers
+        for model, pool in self.control.pools.items():
+            if not pool.settings.scraped:
+                continue
+            loads = []
+            for k in self.replicas.members(model):
+                driver = drivers[k]
+                if driver.down or k in self.blackout:
+                    continue
+                stats = driver.model.stats()
+                replica = self.replicas.by_driver[k].id
+                loads.append(
+                    ScrapedLoad(replica, stats.num_running, stats.num_waiting, stats.kv_cache_usage)
+                )
+            self._tell(now, Scraped(model, tuple(loads)))
+        self.scrapes += 1
+
+    # -- the controller -------------------------------------------------------------------
+
+    def _tell(self, now: float, event: ControlEvent) -> list[ScheduledEvent]:
+        """Hand ``event`` to the controller and carry out what it says."""
+        events = self._carry_out(now, self.control.handle(now, event))
+        self._rewake(now)
+        return events
+
+    def _carry_out(self, now: float, commands: list[Command]) -> list[ScheduledEvent]:
+        events: list[ScheduledEvent] = []
+        for command in commands:
+            match command:
+                case Route() if self._local:
+                    self._deferred.append(command)
+                case Route(request_id=rid, replica=replica):
+                    events += self._submit(now, int(rid), replica)
+                case Reject(request_id=rid, reason=reason):
+                    self._refuse(now, int(rid))
+                    if self._on_refuse is not None:
+                        self._on_refuse(int(rid), reason)
+                case Probe(model=model, replica=replica):
+                    entry = self.replicas.by_id.get(replica)
+                    ok = entry is not None and entry.state is ReplicaState.READY
+                    if ok and entry is not None and entry.driver is not None:
+                        harness = self._harness
+                        ok = harness is None or not harness.drivers[entry.driver].down
+                    events += self._carry_out(
+                        now, self.control.handle(now, ProbeAnswered(model, replica, ok))
+                    )
+                case Ejected(record=record):
+                    self.ejections.append(record)
+                case Scale():
+                    if self.on_scale is not None:
+                        self.on_scale(now, command)
+        return events
+
+    def _rewake(self, now: float) -> None:
+        harness = self._harness
+        if harness is None or not harness.active:
+            return
+        wake = self.control.next_wakeup()
+        if wake is None:
+            return
+        at = max(wake, now)
+        if self._wake_at is None or at < self._wake_at or self._wake_at < now:
+            self._wake_at = at
+            harness.kernel.schedule(at, URGENT, Wake(self))
+
+    def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
+        if isinstance(event, Dispatch):
+            return self._carry_out(now, list(event.commands))
+        assert isinstance(event, Wake), event
+        harness = self._harness
+        if self._wake_at is None or now < self._wake_at or harness is None or not harness.active:
+            return []
+        self._wake_at = None
+        if self.on_wake is not None:
+            self.on_wake(now)
+        return self._tell(now, Tick())
+
+    # -- requests -------------------------------------------------------------------------
+
+    def arrive(
+        self, now: float, index: int, request: TraceRequest, prompt: tuple[int, ...]
+    ) -> list[ScheduledEvent]:
+        model = self.pool_of(request)
+        pool = self.control.pools[model]
+        tenant, priority, weight = (
+            (None, 0, 1.0) if self._tenant_of is None else self._tenant_of(index, request)
+        )
+        self._pending[index] = _Pending(request, prompt)
+        routed = RouteRequest(
+            str(index),
+            model,
+            prefix_hashes=token_prefix_hashes(prompt) if pool.settings.hashes else (),
+            prompt_tokens=len(prompt),
+            session_key=request.session,
+            tenant=tenant,
+        )
+        return self._tell(now, Arrived(routed, priority, weight))
+
+    def _submit(self, now: float, index: int, replica: ReplicaId) -> list[ScheduledEvent]:
+        harness = self._harness
+        assert harness is not None
+        k = self.replicas.by_id[replica].driver
+        assert k is not None, replica
+        pending = self._pending.pop(index, None)
+        if pending is not None:  # its first attempt
+            request = pending.request
+            self.waits[index] = now - request.arrival_s
+            return harness.submit_new(now, index, request, pending.prompt, k)
+        return harness.submit_retry(now, index, k)
+
+    def _refuse(self, now: float, index: int) -> None:
+        harness = self._harness
+        assert harness is not None
+        pending = self._pending.pop(index, None)
+        if pending is not None:  # never reached a replica
+            self.refused_pool[index] = self.pool_of(pending.request)
+            harness.refuse(now, index, pending.request, len(pending.prompt))
+            return
+        harness.fail_lost(now, index)
+
+    def route(
+        self,
+        now: float,
+        index: int,
+        request: TraceRequest,
+        prompt: tuple[int, ...],
+        replicas: Sequence[ReplicaDriver],
+    ) -> int | None:
+        raise AssertionError("SimControl is the harness's gate: arrivals come through arrive()")
+
+    def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None:
+        """A request ended in replica ``replica`` (a step end: a local event)."""
+        entry = self.replicas.by_driver[replica]
+        entry.last_end = now
+        work = None
+        harness = self._harness
+        log = None if harness is None else harness.recorder.log
+        if not rejected and log is not None and len(log):
+            row = log[len(log) - 1]  # the driver appends a request's row, then tells on_end
+            if row.index == index:
+                work = (row.input_tokens - row.cached_tokens, row.output_tokens)
+        outcome = Outcome.CLIENT_ERROR if rejected else Outcome.SUCCESS
+        self._local = True
+        try:
+            self._tell(now, Finished(entry.model, str(index), outcome, work))
+        finally:
+            self._local = False
+        if self._deferred and harness is not None:
+            commands, self._deferred = tuple(self._deferred), []
+            harness.kernel.schedule(now, URGENT, Dispatch(self, commands))
+
+    def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
+        """Request ``index`` was lost in a crash of ``replica`` (a shared event)."""
+        model = self.replicas.by_driver[replica].model
+        return self._tell(
+            now, AttemptFailed(model, str(index), Outcome.REPLICA_ERROR, streamed=started)
+        )
