@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-PACKAGES = ["gpufleet.catalog", "gpufleet.perf", "gpufleet.planner", "gpufleet.cli"]
+PACKAGES = ["gpufleet.catalog", "gpufleet.perf", "gpufleet.planner", "gpufleet.control", "gpufleet.cli"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -1,4 +1,4 @@
-"""The gateway's routers in the simulator: same objects, stale scrapes, fresh in-flight counts."""
+"""The pool controller in the simulator: the fleet file's routers, stale scrapes, fresh counts."""
 
 from __future__ import annotations
 
@@ -10,20 +10,14 @@ from gpufleet.catalog import get_gpu, get_model
 from gpufleet.config import parse_fleet
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
 from gpufleet.fleet import Outcome, ReplicaId, RouteRequest, text_prefix_hashes
-from gpufleet.policy import (
-    KVAwareRouter,
-    LeastRequestRouter,
-    PrefixAwareRouter,
-    make_router,
-    parse_router_config,
-)
+from gpufleet.policy import KVAwareRouter, LeastRequestRouter, PrefixAwareRouter, make_router
+from gpufleet.control import FleetController
 from gpufleet.sim import (
     FleetHarness,
     FleetSimulation,
-    PolicyRouting,
     PromptBuilder,
+    SimControl,
     SimOptions,
-    SimPool,
     TraceRequest,
     token_prefix_hashes,
 )
@@ -36,15 +30,20 @@ def replica() -> ReplicaModel:
     return ReplicaModel(ReplicaConfig(MODEL, GPU, num_gpu_blocks_override=512))
 
 
-def harness(policy: str, replicas: int = 3, interval: float = 0.2) -> FleetHarness:
-    routing = PolicyRouting(
-        [SimPool("llama-3.1-8b", parse_router_config(policy), replicas)],
-        seed=0,
-        scrape_interval=interval,
+POOL = "llama-3.1-8b"
+
+
+def harness(
+    policy: str, replicas: int = 3, interval: float = 0.2
+) -> tuple[FleetHarness, SimControl]:
+    """A harness and its (not yet attached) controller shell: ``h.start(trace)``, then
+    ``control.attach(h)``."""
+    fleet = parse_fleet({"models": [{"name": POOL, "replicas": replicas, "routing": policy}]})
+    control = SimControl(
+        FleetController.of(fleet, seed=0, admission=False), [replicas], scrape_interval=interval
     )
-    return FleetHarness(
-        [replica() for _ in range(replicas)], PromptBuilder(MODEL.vocab_size), routing=routing
-    )
+    h = FleetHarness([replica() for _ in range(replicas)], PromptBuilder(MODEL.vocab_size))
+    return h, control
 
 
 def test_token_prefix_hashes_chain_like_the_gateway_text_hashes() -> None:
@@ -62,32 +61,35 @@ def test_token_prefix_hashes_chain_like_the_gateway_text_hashes() -> None:
 
 
 def test_the_fleet_file_router_is_the_policy_object_and_hears_every_end() -> None:
-    h = harness("least_request")
-    routing = h.routing
-    assert isinstance(routing, PolicyRouting)
-    assert isinstance(routing.router("llama-3.1-8b"), LeastRequestRouter)
+    h, control = harness("least_request")
+    pool = control.control.pools[POOL]
+    assert isinstance(pool.router, LeastRequestRouter)
     trace = [TraceRequest(0.0, 200, 50) for _ in range(6)]
     h.start(trace)
+    control.attach(h)
     h.run(until=1e-9)
     # Six requests at one instant, least request with fresh counts: two per replica.
-    counts = routing.router("llama-3.1-8b").snapshot().load.in_flight  # type: ignore[attr-defined]
+    counts = pool.router.snapshot().load.in_flight
     assert sorted(counts.values()) == [2, 2, 2]
+    assert sorted(pool.attempts.values()) == [2, 2, 2]  # the controller's own count
     h.run()
     assert h.live == 0
-    assert dict(routing.router("llama-3.1-8b").snapshot().load.in_flight) == {}  # type: ignore[attr-defined]
-    assert routing.routed == 6
+    assert dict(pool.router.snapshot().load.in_flight) == {}
+    assert pool.attempts == {}
+    assert pool.counters.routed == 6
 
 
 def test_same_decisions_as_the_router_driven_by_hand() -> None:
     """Replaying the shell's calls on a fresh router from the same seed gives the same picks."""
-    h = harness("least_request", replicas=2)
+    h, control = harness("least_request", replicas=2)
     trace = [TraceRequest(0.05 * i, 100 + i, 5 + i % 7) for i in range(20)]
     h.start(trace)
+    control.attach(h)
     h.run()
     picks = {r.index: r.replica for r in h.recorder.log}
     ends = sorted((r.finish_s, r.index) for r in h.recorder.log)
     router = make_router("least_request", Random(0))
-    view = h.routing.view  # type: ignore[attr-defined]
+    view = control.control.pools[POOL].view
     events = sorted(
         [(t.arrival_s, 0, i) for i, t in enumerate(trace)] + [(t, 1, i) for t, i in ends],
     )
@@ -103,19 +105,18 @@ def test_same_decisions_as_the_router_driven_by_hand() -> None:
 
 
 def test_kv_aware_reads_scrapes_every_interval_and_no_sooner() -> None:
-    h = harness("kv_aware", interval=0.5)
-    routing = h.routing
-    assert isinstance(routing, PolicyRouting)
-    assert isinstance(routing.router("llama-3.1-8b"), KVAwareRouter)
+    h, routing = harness("kv_aware", interval=0.5)
+    pool = routing.control.pools[POOL]
+    assert isinstance(pool.router, KVAwareRouter)
     h.start([TraceRequest(0.01 * i, 3000, 400) for i in range(30)])
     routing.attach(h)
     h.run(until=0.3)
-    view = routing.view
+    view = pool.view
     assert view.now == 0.0  # the scrape at 0 is the latest: nothing in it yet
     assert all(r.load.running == 0 and r.load.observed_at == 0.0 for r in view.replicas())
     h.run(until=0.6)
-    assert routing.view.now == 0.5
-    loads = [r.load for r in routing.view.replicas()]
+    assert pool.view.now == 0.5
+    loads = [r.load for r in pool.view.replicas()]
     assert sum(load.running + load.waiting for load in loads) == 30
     assert all(load.kv_cache_usage > 0 for load in loads)
     h.run()
@@ -124,9 +125,7 @@ def test_kv_aware_reads_scrapes_every_interval_and_no_sooner() -> None:
 
 
 def test_round_robin_pools_are_not_scraped() -> None:
-    h = harness("round_robin")
-    routing = h.routing
-    assert isinstance(routing, PolicyRouting)
+    h, routing = harness("round_robin")
     h.start([TraceRequest(0.1 * i, 100, 10) for i in range(9)])
     routing.attach(h)
     h.run()
@@ -135,16 +134,15 @@ def test_round_robin_pools_are_not_scraped() -> None:
 
 
 def test_prefix_aware_sends_a_shared_prefix_back_to_its_replica() -> None:
-    h = harness("prefix_aware", replicas=4)
-    routing = h.routing
-    assert isinstance(routing, PolicyRouting)
-    assert isinstance(routing.router("llama-3.1-8b"), PrefixAwareRouter)
+    h, routing = harness("prefix_aware", replicas=4)
+    pool = routing.control.pools[POOL]
+    assert isinstance(pool.router, PrefixAwareRouter)
     trace = [TraceRequest(0.5 * i, 1100, 5, (7, 8, 9 + i)) for i in range(8)]
     h.start(trace)
     routing.attach(h)
     h.run()
     assert len({r.replica for r in h.recorder.log}) == 1
-    assert routing.matched_blocks == 7 * 8  # two shared 512-token blocks = 8 hash blocks
+    assert pool.counters.matched_blocks == 7 * 8  # two shared 512-token blocks = 8 hash blocks
     assert sum(r.cached_tokens for r in h.recorder.log) == 7 * 1024
 
 

@@ -1,0 +1,220 @@
+"""The pool controller alone: events in, commands out, no shell (L0, explicit ``now``)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from gpufleet.config import parse_fleet
+from gpufleet.control import (
+    Arrived,
+    AttemptFailed,
+    ClientGone,
+    Finished,
+    FleetController,
+    Probe,
+    ProbeAnswered,
+    Reject,
+    RejectReason,
+    Replicas,
+    ReplicaSeen,
+    Route,
+    Scale,
+    Tick,
+    read_recording,
+    replay,
+)
+from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
+from gpufleet.sim import FleetSimulation, SimOptions, TraceRequest
+
+POOL = "llama-3.1-8b"
+
+
+def controller(replicas: int = 3, **gateway: object) -> FleetController:
+    fleet = parse_fleet(
+        {
+            "models": [{"name": POOL, "replicas": replicas, "routing": "least_request"}],
+            "gateway": gateway,
+        }
+    )
+    return FleetController.of(fleet)
+
+
+def up(control: FleetController, now: float, n: int, incarnation: str = "a") -> list[object]:
+    """Tell the controller of ``n`` READY replicas and answer their first probes."""
+    seen = tuple(
+        ReplicaSeen(ReplicaId(f"{POOL}-{i}"), ReplicaState.READY, incarnation) for i in range(n)
+    )
+    out: list[object] = list(control.handle(now, Replicas(POOL, seen)))
+    for command in list(out):
+        if isinstance(command, Probe):
+            out += control.handle(now, ProbeAnswered(POOL, command.replica, True))
+    return out
+
+
+def arrive(control: FleetController, now: float, i: int) -> list[object]:
+    return list(control.handle(now, Arrived(RouteRequest(f"r{i}", POOL, prompt_tokens=100))))
+
+
+def test_a_new_process_is_probed_at_once_and_routable_after_it_answers() -> None:
+    control = controller()
+    out = up(control, 0.0, 2)
+    assert {c.replica for c in out if isinstance(c, Probe)} == {f"{POOL}-0", f"{POOL}-1"}
+    assert len(control.pools[POOL].routable()) == 2
+    (route,) = arrive(control, 0.1, 0)
+    assert isinstance(route, Route)
+    assert not route.retry
+
+
+def test_a_failure_before_the_first_byte_is_retried_on_the_next_candidate() -> None:
+    control = controller()
+    up(control, 0.0, 3)
+    (first,) = arrive(control, 1.0, 0)
+    assert isinstance(first, Route)
+    out = control.handle(1.1, AttemptFailed(POOL, "r0", Outcome.CONNECT_FAILURE))
+    retry = next(c for c in out if isinstance(c, Route))
+    assert retry.retry
+    assert retry.replica != first.replica
+    pool = control.pools[POOL]
+    assert pool.active_retries == 1
+    assert pool.counters.retries == 1
+    control.handle(1.2, Finished(POOL, "r0"))
+    assert pool.in_flight == pool.active_retries == 0
+    assert pool.attempts == {}
+
+
+def test_a_broken_stream_is_not_retried() -> None:
+    control = controller()
+    up(control, 0.0, 3)
+    arrive(control, 1.0, 0)
+    out = control.handle(1.5, AttemptFailed(POOL, "r0", Outcome.CONNECT_FAILURE, streamed=True))
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+    assert control.pools[POOL].in_flight == 0
+
+
+def test_the_retry_budget_counts_admitted_requests() -> None:
+    # min 1 retry at once, 0 %: the second concurrent retry is refused
+    control = controller(retry={"budget_percent": 0.0, "min_retry_concurrency": 1})
+    up(control, 0.0, 3)
+    arrive(control, 1.0, 0)
+    arrive(control, 1.0, 1)
+    control.handle(1.1, AttemptFailed(POOL, "r0", Outcome.TIMEOUT))
+    out = control.handle(1.1, AttemptFailed(POOL, "r1", Outcome.TIMEOUT))
+    assert Reject("r1", RejectReason.EXHAUSTED, budget=True) in out
+    assert control.pools[POOL].counters.retries_refused == 1
+
+
+def test_a_client_that_leaves_mid_answer_frees_its_counts() -> None:
+    control = controller()
+    up(control, 0.0, 1)
+    arrive(control, 1.0, 0)
+    control.handle(2.0, ClientGone(POOL, "r0"))
+    pool = control.pools[POOL]
+    assert pool.in_flight == 0
+    assert pool.attempts == {}
+    assert control.handle(2.1, ClientGone(POOL, "r0")) == []  # twice: nothing
+
+
+def test_no_replica_is_a_reject_not_a_hang() -> None:
+    control = controller()
+    (reject,) = arrive(control, 0.0, 0)
+    assert reject == Reject("r0", RejectReason.NO_REPLICA)
+    assert control.pools[POOL].in_flight == 0
+
+
+def test_an_autoscaled_pool_holds_a_request_until_a_replica_is_routable() -> None:
+    fleet = parse_fleet(
+        {
+            "models": [
+                {
+                    "name": POOL,
+                    "replicas": 1,
+                    "autoscale": {"min_replicas": 0, "scale_to_zero": True},
+                }
+            ],
+            "gateway": {"autoscaler": {"hold_timeout": 5.0}},
+        }
+    )
+    control = FleetController.of(fleet)
+    control.handle(0.0, Tick())
+    first = arrive(control, 0.5, 0)  # held, not refused: and a pool at zero scales now
+    assert [c.decision.desired for c in first if isinstance(c, Scale)] == [1]
+    assert not any(isinstance(c, Route | Reject) for c in first)
+    assert arrive(control, 0.6, 1) == []
+    assert control.pools[POOL].held == 2
+    control.handle(0.7, ClientGone(POOL, "r1"))  # a held client leaves: its place goes
+    assert control.pools[POOL].held == 1
+    out = up(control, 1.0, 1)
+    routes = [c for c in out if isinstance(c, Route)]
+    assert [(r.request_id, r.replica) for r in routes] == [("r0", f"{POOL}-0")]
+    assert control.pools[POOL].held == 0
+
+
+def test_a_held_request_times_out() -> None:
+    fleet = parse_fleet(
+        {
+            "models": [
+                {
+                    "name": POOL,
+                    "replicas": 1,
+                    "autoscale": {"min_replicas": 0, "scale_to_zero": True},
+                }
+            ],
+            "gateway": {"autoscaler": {"hold_timeout": 5.0}},
+        }
+    )
+    control = FleetController.of(fleet)
+    arrive(control, 0.0, 0)
+    assert control.next_wakeup() is not None
+    assert control.next_wakeup() <= 5.0
+    out = control.handle(5.0, Tick())
+    assert Reject("r0", RejectReason.HOLD_TIMEOUT) in out
+    assert control.pools[POOL].in_flight == 0
+
+
+def test_a_simulated_run_replays_to_the_same_decisions() -> None:
+    """Record a simulated run (faults, admission, prefix routing), replay it into a fresh
+    controller: every line's commands are the recorded ones."""
+    fleet = parse_fleet(
+        {
+            "models": [
+                {
+                    "name": POOL,
+                    "replicas": 3,
+                    "routing": "prefix_aware",
+                    "args": ["--max-num-seqs", "8"],
+                }
+            ],
+            "tenants": {"admission": {"max_queue": 20, "max_wait": 2.0}},
+        }
+    )
+    from gpufleet.sim import parse_fault  # noqa: PLC0415
+
+    options = SimOptions(
+        seed=3, admission=True, faults=(parse_fault(f"crash:replica={POOL}-1,at=2,startup_s=3"),)
+    )
+    sim = FleetSimulation(fleet, options)
+    out = io.StringIO()
+    sim.control.record(out)
+    sim.start(
+        [TraceRequest(0.02 * i, 300 + i % 500, 20 + i % 40, (i % 5, i % 3)) for i in range(400)]
+    )
+    sim.run()
+    head, lines = read_recording(io.StringIO(out.getvalue()))
+    replayed = list(replay(head, lines))
+    assert len(replayed) > 800
+    kinds = {json.dumps(line.commands) != "[]" for line, _ in replayed}
+    assert kinds == {True, False}
+    for line, commands in replayed:
+        assert commands == line.commands, line
+    assert any(c["do"] == "reject" for line, _ in replayed for c in line.commands)
+    done = {c["do"] for line, _ in replayed for c in line.commands}
+    assert {"route", "reject", "probe"} <= done
+    assert {line.event.__class__.__name__ for line, _ in replayed} >= {
+        "Arrived",
+        "Finished",
+        "Scraped",
+        "Replicas",
+        "ProbeAnswered",
+        "Tick",
+    }
