@@ -107,7 +107,8 @@ def test_the_simulators_gate_and_autoscaler_take_the_pools_cap() -> None:
     sim = FleetSimulation(
         fleet([f"--max-num-seqs={SEQS}"], tenants={"auth": True}), SimOptions(seed=0)
     )
-    assert sim.admission is not None
-    assert sim.admission.gauge(MODEL).max_num_seqs == SEQS
+    admission = sim.control.pools[MODEL].admission
+    assert admission is not None
+    assert admission.gauge.max_num_seqs == SEQS
     assert sim.autoscaling.pools[MODEL].policy.max_num_seqs == SEQS
     assert all(d.model.config.max_num_seqs == SEQS for d in sim.harness.drivers)

@@ -11,6 +11,7 @@ from gpufleet.cli import (
     _engine_cmd,
     _keys_cmd,
     _plan_cmd,
+    _replay_cmd,
     _simulate_cmd,
     _trace_cmd,
     _up_cmd,
@@ -26,6 +27,7 @@ app = typer.Typer(
 app.command("plan")(_plan_cmd.plan)
 app.command("up")(_up_cmd.up)
 app.command("simulate")(_simulate_cmd.simulate)
+app.command("replay")(_replay_cmd.replay_cmd)
 app.add_typer(_catalog_cmd.app, name="catalog")
 app.add_typer(_engine_cmd.app, name="engine")
 app.add_typer(_deploy_cmd.app, name="deploy")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -78,8 +79,18 @@ def _run_one(
     *,
     label: str,
     total: tuple[int, float],
+    record: Path | None = None,
 ) -> tuple[FleetSimulation, float]:
     sim = FleetSimulation(fleet, options)
+    with contextlib.ExitStack() as files:
+        if record is not None:
+            sim.control.record(files.enter_context(record.open("w", encoding="utf-8")))
+        return _run(sim, make, label=label, total=total)
+
+
+def _run(
+    sim: FleetSimulation, make: Any, *, label: str, total: tuple[int, float]
+) -> tuple[FleetSimulation, float]:
     sim.start(make())
     requests, last = total
     wall = time.perf_counter()
@@ -307,6 +318,14 @@ def simulate(
             help="The gateway's admission queue (default: on with the fleet's tenants.auth).",
         ),
     ] = None,
+    record: Annotated[
+        bool,
+        typer.Option(
+            "--record",
+            help="Write the pool controller's events and decisions to recording.jsonl "
+            "(gpufleet replay reads it).",
+        ),
+    ] = False,
 ) -> None:
     """Replay a trace against a modelled fleet: latencies, throughput, KV usage, cost.
 
@@ -373,7 +392,8 @@ def simulate(
     for path, config in configs.items():
         where = out / path.stem if compare else out
         where.mkdir(parents=True, exist_ok=True)
-        sim, wall = _run_one(config, options, make, label=path.stem, total=total)
+        recording = where / "recording.jsonl" if record else None
+        sim, wall = _run_one(config, options, make, label=path.stem, total=total, record=recording)
         problems = sim.check()
         if problems:
             raise RuntimeError(

@@ -23,7 +23,8 @@ from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gpufleet.config import FleetConfig, ModelConfig
+from gpufleet.config import FleetConfig
+from gpufleet.control import PoolSettings
 from gpufleet.fleet import (
     Outcome,
     ProbeResult,
@@ -68,7 +69,6 @@ Header = tuple[bytes, bytes]
 
 _JSON: Final = (b"content-type", b"application/json")
 _COMPLETIONS: Final = {"/v1/chat/completions": True, "/v1/completions": False}
-_SCRAPED_POLICIES: Final = frozenset({"kv_aware", "prefix_aware"})
 _HASHING_POLICIES: Final = frozenset({"prefix_aware"})
 _RELAY: Final = "gpufleet.relay"
 """The ASGI extension of ``GatewayServer`` (``_server.RELAY``) that passes a stream's frames
@@ -123,6 +123,12 @@ class Gateway:
         self._count = 0
         gateway = config.gateway
         self._timeouts = gateway.timeouts
+        admitting = tenancy is not None  # the gateway queues only with auth on
+        self._scraped = frozenset(
+            m.name for m in config.models if PoolSettings.of(config, m, admission=admitting).scraped
+        )
+        """The pools whose engines are scraped: one rule with the simulator's
+        (``PoolSettings.scraped``: the router, the admission gauge or the autoscaler reads them)."""
         self._retry = gateway.retry
         self._models_body = json.dumps(
             {
@@ -240,8 +246,7 @@ class Gateway:
                     if self.tenancy is not None:
                         loops.append(tg.create_task(self.tenancy.refresh_loop()))
                         loops.append(tg.create_task(self.tenancy.quotas.run(), name="quotas"))
-                    # admission gates on scraped saturation too
-                    if self.tenancy is not None or any(_scraped(m) for m in self.config.models):
+                    if self._scraped:
                         loops.append(tg.create_task(self._scrape_loop(), name="gateway-scrape"))
                     if self.autoscaler is not None:
                         loops.append(tg.create_task(self.autoscaler.run(), name="autoscaler"))
@@ -296,7 +301,7 @@ class Gateway:
 
     async def _scrape_loop(self) -> None:
         interval = self.config.gateway.scrape_interval
-        scraped = {m.name for m in self.config.models if _scraped(m)}
+        scraped = self._scraped
         while True:
             targets = [
                 (name, u.url)
@@ -769,11 +774,6 @@ def _route_request(
 def _hashes(pool: Pool) -> bool:
     """Whether the pool's router reads ``RouteRequest.prefix_hashes`` (only prefix_aware)."""
     return pool.config.routing.policy in _HASHING_POLICIES
-
-
-def _scraped(model: ModelConfig) -> bool:
-    """Routing by scraped load, or autoscaling on saturation, needs the engines' metrics."""
-    return model.routing.policy in _SCRAPED_POLICIES or model.autoscale is not None
 
 
 def _parse(body: bytes, chat: bool) -> dict[str, Any]:
