@@ -7,7 +7,13 @@ import types
 
 import pytest
 
-PACKAGES = ["gpufleet.catalog", "gpufleet.perf", "gpufleet.planner", "gpufleet.control", "gpufleet.cli"]
+PACKAGES = [
+    "gpufleet.catalog",
+    "gpufleet.perf",
+    "gpufleet.planner",
+    "gpufleet.control",
+    "gpufleet.cli",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -8,10 +8,10 @@ import pytest
 
 from gpufleet.catalog import get_gpu, get_model
 from gpufleet.config import parse_fleet
+from gpufleet.control import FleetController
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
 from gpufleet.fleet import Outcome, ReplicaId, RouteRequest, text_prefix_hashes
 from gpufleet.policy import KVAwareRouter, LeastRequestRouter, PrefixAwareRouter, make_router
-from gpufleet.control import FleetController
 from gpufleet.sim import (
     FleetHarness,
     FleetSimulation,
