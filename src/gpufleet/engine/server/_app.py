@@ -34,9 +34,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gpufleet.catalog import get_gpu, get_model
 from gpufleet.engine._tokenizer import Tokenizer
-from gpufleet.engine.model import FinishReason, NewRequest, ReplicaConfig, ReplicaModel
+from gpufleet.engine.model import FinishReason, NewRequest, ReplicaModel
 from gpufleet.engine.server._clock import Clock, ScaledClock
 from gpufleet.engine.server._config import SimEngineConfig
 from gpufleet.engine.server._errors import (
@@ -93,21 +92,8 @@ class SimEngine:
     def __init__(self, config: SimEngineConfig, clock: Clock) -> None:
         self.config = config
         self.clock = clock
-        spec = get_model(config.model)
-        replica = ReplicaConfig(
-            model=spec,
-            gpu=get_gpu(config.gpu),
-            tp=config.tp,
-            pp=config.pp,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            block_size=config.block_size,
-            max_model_len=config.max_model_len,
-            enable_prefix_caching=config.enable_prefix_caching,
-            num_gpu_blocks_override=config.num_gpu_blocks_override,
-            seed=config.seed,
-        )
+        replica = config.replica_config()
+        spec = replica.model
         self.model = ReplicaModel(replica)
         self.model.set_slowdown(config.faults.slowdown)
         self.tokenizer = Tokenizer(spec.vocab_size)
