@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import random
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from contextlib import asynccontextmanager
@@ -114,7 +115,6 @@ class SimEngine:
         )
         self.loop = EngineLoop(self.model, clock, self.metrics)
         self.faults = Faults(config.faults, random.Random(config.seed))
-        self._ids = random.Random(f"ids-{config.seed}")
         self._next_request = 0
         self.created = int(time.time())
 
@@ -124,11 +124,13 @@ class SimEngine:
         return str(self._next_request)
 
     def response_id(self, prefix: str, scope: Scope) -> str:
-        """``prefix-<X-Request-Id>`` when the client sent one (as vLLM does), else random."""
+        """``prefix-<X-Request-Id>`` when the client sent one (as vLLM does), else random, as
+        vLLM's are: not drawn from ``--seed``, which every replica of a fleet shares, so two
+        replicas never answer with the same id."""
         for key, value in scope["headers"]:
             if key == b"x-request-id" and value:
                 return f"{prefix}-{value.decode('latin-1')}"
-        return f"{prefix}-{self._ids.getrandbits(128):032x}"
+        return f"{prefix}-{secrets.token_hex(16)}"
 
     def set_faults(self, patch: dict[str, Any]) -> dict[str, Any]:
         config = self.faults.update(patch)
