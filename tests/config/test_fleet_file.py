@@ -16,6 +16,7 @@ from gpufleet.config import (
     load_fleet,
     parse_fleet,
 )
+from gpufleet.fleet import ReplicaProfile
 from gpufleet.policy import KVAwareConfig, PrefixAwareConfig, RoundRobinConfig
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -120,6 +121,34 @@ def test_engine_fields_and_the_startup_budget() -> None:
     assert big.startup_timeout == 3600
 
 
+def test_the_profile_is_the_engine_fields_then_args_on_the_fleets_seed() -> None:
+    fleet = parse_fleet(
+        {
+            "models": [
+                {
+                    "name": "llama-3.1-8b",
+                    "tp": 2,
+                    "max_model_len": 4096,
+                    "prefix_caching": False,
+                    "args": ["--max-model-len", "2048", "--time-scale", "10"],
+                },
+                {"name": "seeded", "model": "llama-3.1-8b", "args": ["--seed=9"]},
+            ]
+        }
+    )
+    model, seeded = fleet.models
+    assert model.profile(seed=3) == ReplicaProfile(
+        tp=2,
+        max_model_len=2048,  # args win
+        enable_prefix_caching=False,
+        seed=3,  # the fleet's
+        extra=("--time-scale", "10"),
+    )
+    assert model.profile().seed is None
+    assert seeded.profile(seed=3).seed == 9  # a seed in args wins too
+    assert model.max_num_seqs == 256 == model.profile().running_batch_cap
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -181,6 +210,18 @@ def test_engine_fields_and_the_startup_budget() -> None:
         ({"models": [{"name": "llama-3.1-8b"}, {"name": "llama-3.1-8b"}]}, "given twice"),
         ({"models": [{"name": "x", "engine": "external"}]}, "needs at least one"),
         ({"models": [{"name": "llama-3.1-8b", "endpoints": ["http://a"]}]}, "for external"),
+        (
+            {"models": [{"name": "llama-3.1-8b", "args": ["--block-size", "x"]}]},
+            "models[0]: args: --block-size 'x' is not an integer",
+        ),
+        (
+            {"models": [{"name": "llama-3.1-8b", "args": ["--max-model-len=0"]}]},
+            "models[0]: args: max_model_len (--max-model-len) must be at least 1",
+        ),
+        (
+            {"models": [{"name": "llama-3.1-8b", "args": ["--tensor-parallel-size", "2"]}]},
+            "models[0]: args: --tensor-parallel-size: set `tp` instead",
+        ),
         ("just text", "expected a mapping"),
     ],
 )

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli import app
+from gpufleet.fleet import ENGINE_FLAGS
 
 runner = CliRunner()
 
@@ -22,6 +23,9 @@ runner = CliRunner()
         (["--gpu-memory-utilization", "1.2"], "--gpu-memory-utilization"),
         (["--max-model-len", "10000000"], "max_model_len"),
         (["--model", "llama-3.1-405b", "--gpu", "l4"], "does not fit"),
+        (["--max-num-seqs", "0"], "--max-num-seqs"),
+        (["--block-size=x"], "--block-size 'x' is not an integer"),
+        (["--enforce-eager"], "no such option: --enforce-eager"),
     ],
 )
 def test_bad_flags_give_one_line_and_exit_2(flags: list[str], message: str) -> None:
@@ -41,8 +45,10 @@ def test_a_busy_port_is_a_one_line_error() -> None:
     assert "cannot listen on 127.0.0.1" in result.stderr
 
 
-def test_help_lists_the_fault_flags() -> None:
-    result = runner.invoke(app, ["engine", "sim", "--help"])
+def test_help_lists_the_fault_and_engine_flags() -> None:
+    result = runner.invoke(app, ["engine", "sim", "--help"], terminal_width=200)
     assert result.exit_code == 0
     for flag in ("--time-scale", "--fault-hang", "--fault-error-rate", "--enable-admin"):
+        assert flag in result.stdout
+    for flag in ENGINE_FLAGS:
         assert flag in result.stdout

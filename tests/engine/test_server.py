@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from gpufleet.engine import WORDS, Tokenizer
-from gpufleet.engine.server import SimEngineConfig
+from gpufleet.engine.server import SimEngine, SimEngineConfig, VirtualClock
 from tests.engine.conftest import Served, serve
 
 MODEL = "llama-3.1-8b"
@@ -199,6 +199,14 @@ def test_x_request_id_names_the_response(sim: Served) -> None:
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
     response = httpx.post(sim.v1 + "/completions", json=body, headers={"X-Request-Id": "abc"})
     assert response.json()["id"] == "cmpl-abc"
+
+
+def test_replicas_on_one_seed_never_answer_with_the_same_id() -> None:
+    config = SimEngineConfig(seed=7)  # a fleet's replicas share its seed
+    first, second = SimEngine(config, VirtualClock()), SimEngine(config, VirtualClock())
+    ids = {engine.response_id("cmpl", {"headers": []}) for engine in (first, second)}
+    assert len(ids) == 2
+    assert all(i.startswith("cmpl-") and len(i) == len("cmpl-") + 32 for i in ids)
 
 
 def test_concurrent_clients_are_batched(sim: Served) -> None:

@@ -63,7 +63,7 @@ def fleet_file(data: dict[str, Any]) -> FleetConfig:
 @contextlib.asynccontextmanager
 async def live_fleet(config: FleetConfig, run_dir: Path) -> AsyncIterator[LiveFleet]:
     registry = CollectorRegistry()
-    pools = [pool_spec(m) for m in config.models]
+    pools = [pool_spec(m, config.gateway.seed) for m in config.models]
     async with LocalRuntime(pools, run_dir=run_dir, settings=SETTINGS, registry=registry) as rt:
         async with asyncio.timeout(60):
             await rt.wait_for(RuntimeSnapshot.all_ready)

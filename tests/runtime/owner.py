@@ -16,13 +16,14 @@ import sys
 import uvicorn
 from starlette.applications import Starlette
 
+from gpufleet.fleet import ReplicaProfile
 from gpufleet.runtime import EngineSpec, LocalRuntime, PoolSpec, RuntimeSnapshot
 
-FAST = ("--time-scale", "100", "--max-model-len", "2048")
+FAST = ReplicaProfile(max_model_len=2048, extra=("--time-scale", "100"))
 
 
 async def main(run_dir: str, *, in_uvicorn: bool) -> int:
-    pools = [PoolSpec("llama-3.1-8b", EngineSpec(args=FAST), replicas=1)]
+    pools = [PoolSpec("llama-3.1-8b", EngineSpec(profile=FAST), replicas=1)]
     async with LocalRuntime(pools, run_dir=run_dir, handle_signals=True) as runtime:
         snapshot = await runtime.wait_for(RuntimeSnapshot.all_ready)
         if in_uvicorn:

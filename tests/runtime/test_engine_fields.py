@@ -9,18 +9,19 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpufleet.fleet import ReplicaProfile
 from gpufleet.runtime import EngineSpec, LocalRuntime, PoolSpec, RuntimeSettings, RuntimeSnapshot
 
 
 @pytest.mark.asyncio
 async def test_sim_engine_runs_with_the_fields_it_was_given(tmp_path: Path) -> None:
-    engine = EngineSpec(
+    profile = ReplicaProfile(
         max_model_len=2048,
         gpu_memory_utilization=0.6,
-        prefix_caching=False,
-        ready_timeout_s=60.0,
-        args=("--time-scale", "100"),
+        enable_prefix_caching=False,
+        extra=("--time-scale", "100"),
     )
+    engine = EngineSpec(profile=profile, ready_timeout_s=60.0)
     pools = [PoolSpec("llama-3.1-8b", engine, replicas=1)]
     # no engine starts in 50 ms: the engine's own 60 s budget is what lets it start
     settings = RuntimeSettings(probe_interval_s=0.05, ready_timeout_s=0.05)

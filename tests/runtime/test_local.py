@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpufleet.fleet import ReplicaState
+from gpufleet.fleet import ReplicaProfile, ReplicaState
 from gpufleet.runtime import (
     EngineKind,
     EngineSpec,
@@ -32,7 +32,7 @@ from gpufleet.runtime import (
     RuntimeSnapshot,
 )
 
-FAST = ("--time-scale", "100", "--max-model-len", "2048")
+FAST = ReplicaProfile.from_argv(("--time-scale", "100", "--max-model-len", "2048"))
 MODEL = "llama-3.1-8b"
 SETTINGS = RuntimeSettings(
     backoff_base_s=0.2,
@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def sim_pool(name: str = MODEL, replicas: int = 1, *, model: str = MODEL) -> PoolSpec:
-    return PoolSpec(name, EngineSpec(model=model, args=FAST), replicas=replicas)
+    return PoolSpec(name, EngineSpec(model=model, profile=FAST), replicas=replicas)
 
 
 def runtime(pools: list[PoolSpec], run_dir: Path, **settings: float) -> LocalRuntime:
@@ -225,7 +225,7 @@ async def _stream(url: str, first_token: asyncio.Event) -> tuple[int, str | None
 @pytest.mark.asyncio
 async def test_shutdown_drains_an_in_flight_stream_before_stopping(tmp_path: Path) -> None:
     # Real time (time scale 1): 200 decode steps of an 8B model take about 1.6 s.
-    pool = PoolSpec(MODEL, EngineSpec(args=("--max-model-len", "2048")))
+    pool = PoolSpec(MODEL, EngineSpec(profile=ReplicaProfile(max_model_len=2048)))
     loop = asyncio.get_running_loop()
     phases: list[tuple[Phase | None, float]] = []
 

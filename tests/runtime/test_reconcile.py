@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpufleet.fleet import ReplicaProfile
 from gpufleet.runtime import (
     Abort,
     Action,
@@ -117,7 +118,7 @@ def test_retiring_what_does_not_serve_skips_the_drain() -> None:
 
 
 def test_a_changed_spec_retires_the_old_replica_then_creates_the_new() -> None:
-    new = ReplicaSpec(POOL.name, 0, EngineSpec(args=("--max-num-seqs", "64")))
+    new = ReplicaSpec(POOL.name, 0, EngineSpec(profile=ReplicaProfile(max_num_seqs=64)))
     assert new.name == spec(0).name
     ready = {new.name: state(Phase.READY)}
     assert run(1.0, [new], ready).actions == (Drain(new.name),)

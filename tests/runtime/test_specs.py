@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 import gpufleet.runtime._launch as launch
+from gpufleet.fleet import ReplicaProfile
 from gpufleet.runtime import (
     EngineKind,
     EngineSpec,
@@ -19,36 +20,50 @@ from gpufleet.runtime import (
 )
 
 
-def test_sim_command_line_binds_port_zero_and_lets_engine_args_win() -> None:
+def test_sim_command_line_binds_port_zero_and_ends_with_the_profile() -> None:
+    profile = ReplicaProfile.from_argv(
+        ("--time-scale", "50", "--seed", "9"), ReplicaProfile(tp=2, seed=0)
+    )
     engine = EngineSpec(
         model="qwen2.5-7b",
         gpu="l40s",
-        tp=2,
         served_model_name="qwen",
-        args=("--time-scale", "50", "--seed", "9"),
+        profile=profile,
         env={"X": "1"},
     )
     plan = launch_plan(ReplicaSpec("qwen", 3, engine), "127.0.0.1")
     assert plan.argv[:5] == (sys.executable, "-m", "gpufleet", "engine", "sim")
     assert plan.argv[5:] == (
-        *("--model", "qwen2.5-7b", "--gpu", "l40s", "--tp", "2"),
-        *("--host", "127.0.0.1", "--port", "0", "--seed", "3"),
+        *("--model", "qwen2.5-7b", "--gpu", "l40s"),
+        *("--host", "127.0.0.1", "--port", "0"),
         *("--served-model-name", "qwen"),
-        *("--time-scale", "50", "--seed", "9"),  # last one wins
+        *("--tensor-parallel-size", "2", "--seed", "9"),  # the args' seed won, once
+        *("--time-scale", "50"),  # pass-through, last
     )
     assert plan.url is None  # read from the engine's first line
     assert plan.env == {"PYTHONUNBUFFERED": "1", "X": "1"}
 
 
+def test_every_replica_of_a_pool_gets_the_same_command_line() -> None:
+    pool = PoolSpec("llama", EngineSpec(profile=ReplicaProfile(seed=7)), replicas=3)
+    argvs = {launch_plan(pool.replica(i), "127.0.0.1").argv for i in range(3)}
+    assert len(argvs) == 1  # the seed is the fleet's, not the index (as on Kubernetes)
+    assert next(iter(argvs))[-2:] == ("--seed", "7")
+
+
 def test_vllm_command_line_uses_the_port_chosen_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch, "_vllm_importable", lambda: False)
-    engine = EngineSpec(model="meta-llama/Llama-3.1-8B-Instruct", kind=EngineKind.VLLM, tp=4)
+    engine = EngineSpec(
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        kind=EngineKind.VLLM,
+        profile=ReplicaProfile(tp=4, seed=0),
+    )
     spec = ReplicaSpec("llama", 1, engine)
     plan = launch_plan(spec, "127.0.0.1", 8123)
     assert plan.argv == (
         *("vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"),
         *("--host", "127.0.0.1", "--port", "8123"),
-        *("--tensor-parallel-size", "4", "--seed", "1"),
+        *("--tensor-parallel-size", "4", "--seed", "0"),
     )
     assert plan.url == "http://127.0.0.1:8123"
     assert launch_plan(spec, "::1", 8123).url == "http://[::1]:8123"
@@ -56,19 +71,19 @@ def test_vllm_command_line_uses_the_port_chosen_for_it(monkeypatch: pytest.Monke
         launch_plan(spec, "127.0.0.1")
 
 
-def test_vllm_command_line_carries_the_engine_fields_and_user_args_last(
+def test_vllm_command_line_carries_the_profile_and_passes_unknown_flags_through(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(launch, "_vllm_importable", lambda: True)
+    fields = ReplicaProfile(
+        gpu_memory_utilization=0.85, max_model_len=4096, enable_prefix_caching=False, seed=0
+    )
     engine = EngineSpec(
         model="/models/tiny",
         kind=EngineKind.VLLM,
         served_model_name="tiny",
-        gpu_memory_utilization=0.85,
-        max_model_len=4096,
-        prefix_caching=False,
+        profile=ReplicaProfile.from_argv(("--enforce-eager", "--max-model-len", "2048"), fields),
         ready_timeout_s=600.0,
-        args=("--enforce-eager", "--max-model-len", "2048"),
         env={"VLLM_CPU_KVCACHE_SPACE": "1"},
     )
     plan = launch_plan(ReplicaSpec("tiny", 0, engine), "127.0.0.1", 8123)
@@ -76,26 +91,17 @@ def test_vllm_command_line_carries_the_engine_fields_and_user_args_last(
     assert plan.argv == (
         *(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/tiny"),
         *("--host", "127.0.0.1", "--port", "8123"),
-        *("--tensor-parallel-size", "1", "--seed", "0"),
         *("--served-model-name", "tiny"),
-        *("--gpu-memory-utilization", "0.85", "--max-model-len", "4096"),
-        "--no-enable-prefix-caching",
-        *("--enforce-eager", "--max-model-len", "2048"),  # last: argparse keeps the last one
+        *("--tensor-parallel-size", "1", "--max-model-len", "2048"),  # the args' length won
+        *("--gpu-memory-utilization", "0.85", "--no-enable-prefix-caching", "--seed", "0"),
+        "--enforce-eager",  # not a profile flag: passed through, last
     )
     assert plan.env == {"PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    on = replace(engine, prefix_caching=True, gpu_memory_utilization=None, args=())
+    on = replace(engine, profile=ReplicaProfile(max_model_len=4096, enable_prefix_caching=True))
     argv = launch_plan(ReplicaSpec("tiny", 0, on), "127.0.0.1", 8123).argv
     assert argv[-3:] == ("--max-model-len", "4096", "--enable-prefix-caching")
     assert "--gpu-memory-utilization" not in argv  # unset: the engine's default
-
-
-def test_sim_command_line_carries_the_engine_fields_too() -> None:
-    engine = EngineSpec(max_model_len=2048, gpu_memory_utilization=0.5, prefix_caching=False)
-    argv = launch_plan(ReplicaSpec("llama", 0, engine), "127.0.0.1").argv
-    assert argv[-5:] == (
-        *("--gpu-memory-utilization", "0.5", "--max-model-len", "2048"),
-        "--no-enable-prefix-caching",
-    )
+    assert "--seed" not in argv
 
 
 def test_external_replicas_have_an_endpoint_and_nothing_to_launch() -> None:
@@ -116,9 +122,9 @@ def test_external_replicas_have_an_endpoint_and_nothing_to_launch() -> None:
         (lambda: PoolSpec("Llama_8B", EngineSpec()), "pool name"),
         (lambda: PoolSpec("a", EngineSpec(), replicas=-1), ">= 0"),
         (lambda: PoolSpec("a", EngineSpec(), start_delay_s=float("nan")), "start_delay_s"),
-        (lambda: EngineSpec(tp=0), "tp"),
-        (lambda: EngineSpec(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
-        (lambda: EngineSpec(max_model_len=0), "max_model_len"),
+        (lambda: ReplicaProfile(tp=0), "tp"),
+        (lambda: ReplicaProfile(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+        (lambda: ReplicaProfile(max_model_len=0), "max_model_len"),
         (lambda: EngineSpec(ready_timeout_s=float("inf")), "ready_timeout_s"),
         (lambda: EngineSpec(kind=EngineKind.EXTERNAL), "endpoint"),
         (lambda: EngineSpec(kind=EngineKind.EXTERNAL, endpoints=("a:1",)), "http"),

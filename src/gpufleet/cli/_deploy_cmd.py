@@ -42,7 +42,7 @@ def cluster_fleet(config: FleetConfig, fleet_yaml: str) -> ClusterFleet:
     Redis (``gateway.redis_url``) two gateway pods run, so that losing one loses no service.
     """
     return ClusterFleet(
-        pools=tuple(pool_spec(m) for m in config.models),
+        pools=tuple(pool_spec(m, config.gateway.seed) for m in config.models),
         fleet_yaml=fleet_yaml,
         drain_s=math.ceil(config.gateway.timeouts.first_byte),
         gateway_replicas=2 if config.gateway.redis_url is not None else 1,

@@ -12,23 +12,21 @@ import uvicorn
 
 from gpufleet.cli._errors import user_errors
 from gpufleet.engine.server import SimEngineConfig, create_app
+from gpufleet.fleet import ENGINE_FLAGS, ReplicaProfile
 
 app = typer.Typer(help="Engine replicas: the sim engine.", no_args_is_help=True)
 
 _FLAGS = {  # pydantic field → the flag a user typed, for error messages
-    "tp": "--tp",
-    "pp": "--pp",
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "max_model_len": "--max-model-len",
-    "gpu_memory_utilization": "--gpu-memory-utilization",
-    "num_gpu_blocks_override": "--num-gpu-blocks-override",
-    "block_size": "--block-size",
     "time_scale": "--time-scale",
     "faults.crash_after_s": "--fault-crash-after",
     "faults.slowdown": "--fault-slowdown",
     "faults.error_rate": "--fault-error-rate",
 }
+_ENGINE_FLAGS_HELP = (
+    "Engine flags, as vLLM spells them and with vLLM's defaults (docs/sim-engine.md): "
+    + ", ".join(ENGINE_FLAGS)
+    + "; -tp or --tp is --tensor-parallel-size."
+)
 
 
 def _rename(message: str) -> str:
@@ -38,32 +36,50 @@ def _rename(message: str) -> str:
     return message
 
 
-@app.command("sim")
+def engine_config(ctx: typer.Context) -> SimEngineConfig:
+    """The sim engine a parsed ``gpufleet engine sim`` command line describes: this command's
+    own options (``ctx.params``), and the engine flags it leaves over (``ctx.args``), read by
+    the one replica profile, as every engine command line is written."""
+    options = ctx.params
+    profile = ReplicaProfile.from_argv(ctx.args, passthrough=False)
+    return SimEngineConfig.model_validate(
+        {
+            "model": options["model"],
+            "gpu": options["gpu"],
+            "served_model_name": options["served_model_name"],
+            "time_scale": options["time_scale"],
+            "faults": {
+                "crash_after_s": options["fault_crash_after"],
+                "hang": options["fault_hang"],
+                "slowdown": options["fault_slowdown"],
+                "error_rate": options["fault_error_rate"],
+                "unhealthy": options["fault_unhealthy"],
+            },
+            "enable_admin": options["enable_admin"],
+            **profile.settings(),
+        }
+    )
+
+
+@app.command(
+    "sim",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    epilog=_ENGINE_FLAGS_HELP,
+)
 def sim(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help="Catalog model name or a config.json path.")] = (
         "llama-3.1-8b"
     ),
     gpu: Annotated[str, typer.Option(help="Catalog GPU name.")] = "h100-sxm",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8001,
-    tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     served_model_name: Annotated[
         str | None, typer.Option(help="Name clients send as `model` (default: --model).")
-    ] = None,
-    max_num_seqs: Annotated[int, typer.Option(help="vLLM's running-batch cap.")] = 256,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="vLLM's token budget.")] = 8192,
-    max_model_len: Annotated[int | None, typer.Option(help="Longest context served.")] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM's setting.")] = 0.9,
-    enable_prefix_caching: Annotated[
-        bool, typer.Option(help="Automatic prefix caching (vLLM's flag).")
-    ] = True,
-    num_gpu_blocks_override: Annotated[
-        int | None, typer.Option(help="KV blocks instead of the computed budget.")
     ] = None,
     time_scale: Annotated[
         float, typer.Option(help="Modelled seconds per real second (latencies stay modelled).")
     ] = 1.0,
-    seed: Annotated[int, typer.Option(help="Seed of every random draw.")] = 0,
     fault_crash_after: Annotated[
         float | None, typer.Option(help="Exit with status 1 after this many seconds.")
     ] = None,
@@ -81,32 +97,10 @@ def sim(
     """Serve a simulated vLLM replica: OpenAI-compatible API, vLLM metrics, injectable faults.
 
     Example: gpufleet engine sim --model llama-3.1-8b --gpu h100-sxm --port 8001
+    --max-num-seqs 64
     """
     with user_errors(_rename):
-        config = SimEngineConfig.model_validate(
-            {
-                "model": model,
-                "gpu": gpu,
-                "tp": tp,
-                "served_model_name": served_model_name,
-                "max_num_seqs": max_num_seqs,
-                "max_num_batched_tokens": max_num_batched_tokens,
-                "max_model_len": max_model_len,
-                "gpu_memory_utilization": gpu_memory_utilization,
-                "enable_prefix_caching": enable_prefix_caching,
-                "num_gpu_blocks_override": num_gpu_blocks_override,
-                "time_scale": time_scale,
-                "seed": seed,
-                "faults": {
-                    "crash_after_s": fault_crash_after,
-                    "hang": fault_hang,
-                    "slowdown": fault_slowdown,
-                    "error_rate": fault_error_rate,
-                    "unhealthy": fault_unhealthy,
-                },
-                "enable_admin": enable_admin,
-            }
-        )
+        config = engine_config(ctx)  # the options above, as click parsed them, and the rest
         sim_app = create_app(config)
         try:
             sock = socket.create_server((host, port), family=_family(host), reuse_port=False)

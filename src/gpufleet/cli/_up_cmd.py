@@ -131,8 +131,9 @@ class ClusterActuator(ScaleActuator):
         return ()
 
 
-def pool_spec(model: ModelConfig) -> PoolSpec:
-    """The runtime's pool for one model of the fleet file: a new replica waits
+def pool_spec(model: ModelConfig, seed: int) -> PoolSpec:
+    """The runtime's pool for one model of the fleet file: its engine flags are the model's
+    profile on the fleet's ``seed`` (``gateway.seed``); a new replica waits
     ``startup.provision`` before its process starts; an autoscaled pool keeps
     ``autoscale.prewarm`` standbys, promoted in ``startup.promote`` seconds."""
     served = model.served_model
@@ -140,13 +141,9 @@ def pool_spec(model: ModelConfig) -> PoolSpec:
         model=served,
         kind=EngineKind(model.engine.value),
         gpu=model.gpu,
-        tp=model.tp,
         served_model_name=model.name if model.name != served else None,
-        gpu_memory_utilization=model.gpu_memory_utilization,
-        max_model_len=model.max_model_len,
-        prefix_caching=model.prefix_caching,
+        profile=model.profile(seed),
         ready_timeout_s=model.startup_timeout,
-        args=model.args,
         env=model.env,
         endpoints=model.endpoints,
     )
@@ -193,7 +190,7 @@ def up(
         if auth and not config.tenants.auth:
             tenants = config.tenants.model_copy(update={"auth": True})
             config = config.model_copy(update={"tenants": tenants})
-        pools = [pool_spec(m) for m in config.models]
+        pools = [pool_spec(m, config.gateway.seed) for m in config.models]
         bind_host = host or config.gateway.host
         bind_port = config.gateway.port if port is None else port
         try:

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
+from gpufleet.fleet import ReplicaProfile
 from gpufleet.policy import (
     AdmissionConfig,
     AutoscaleConfig,
@@ -39,27 +40,6 @@ from gpufleet.policy import (
 _NAME: Final = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 """A model's name names its pool and replicas (``llama-3.1-8b-0``) and their log files."""
 _NAMESPACE: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-DEFAULT_MAX_NUM_SEQS: Final = 256
-"""vLLM's (and ``gpufleet engine sim``'s) default ``--max-num-seqs``."""
-
-
-def engine_max_num_seqs(args: tuple[str, ...]) -> int:
-    """The running-batch cap engine ``args`` set (``--max-num-seqs N`` or ``=N``; the last
-    one wins, as on the engine's command line), else :data:`DEFAULT_MAX_NUM_SEQS`."""
-    seqs = DEFAULT_MAX_NUM_SEQS
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag != "--max-num-seqs":
-            continue
-        if not eq:
-            value = args[i + 1] if i + 1 < len(args) else ""
-        try:
-            seqs = int(value)
-        except ValueError:
-            raise ValueError(f"args: --max-num-seqs {value!r} is not an integer") from None
-        if seqs < 1:
-            raise ValueError(f"args: --max-num-seqs must be at least 1, got {seqs}")
-    return seqs
 
 
 class _Strict(BaseModel):
@@ -139,8 +119,8 @@ class ModelConfig(_Strict):
     """Automatic prefix caching (``--enable-prefix-caching`` / ``--no-enable-prefix-caching``):
     what makes ``prefix_aware`` routing pay off."""
     args: tuple[str, ...] = ()
-    """Extra engine flags, appended last (``["--time-scale", "10"]`` for a sim engine); a flag
-    given here wins over the fields above."""
+    """Extra engine flags (``["--max-num-seqs", "64"]``, ``["--time-scale", "10"]`` for a sim
+    engine); a flag given here wins over the fields above. Read once, into :meth:`profile`."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment of the engine's processes (``CUDA_VISIBLE_DEVICES``,
     ``VLLM_CPU_KVCACHE_SPACE``, …)."""
@@ -189,7 +169,6 @@ class ModelConfig(_Strict):
             return self
         if self.endpoints:
             raise ValueError(f"endpoints are for external models, not {self.engine.value!r}")
-        engine_max_num_seqs(self.args)  # a bad --max-num-seqs is the file's error, not later
         scale, count = self.autoscale, self.replicas
         if (
             scale is not None
@@ -208,18 +187,47 @@ class ModelConfig(_Strict):
             raise ValueError(str(error)) from None
         return self
 
+    @model_validator(mode="after")
+    def _readable_args(self) -> ModelConfig:
+        # Reading the profile here makes a bad flag in `args` the file's error, not a replica's.
+        if self.profile().tp != self.tp:
+            raise ValueError(
+                "args: --tensor-parallel-size: set `tp` instead (it is the GPUs a replica takes)"
+            )
+        return self
+
     @property
     def served_model(self) -> str:
         """The model the engine loads (``model``, or ``name``)."""
         return self.model or self.name
 
+    def profile(self, seed: int | None = None) -> ReplicaProfile:
+        """The engine flags of this model's replicas: ``tp``, ``max_model_len``,
+        ``gpu_memory_utilization`` and ``prefix_caching``, then ``args``, which win.
+
+        ``seed`` is the fleet's seed (live: ``gateway.seed``; simulated: the run's seed):
+        every replica of every pool runs with it as ``--seed``, unless ``args`` set one
+        (docs/design/replica-profile.md). ``None``: no ``--seed`` (the engine's default).
+        """
+        base = ReplicaProfile(
+            tp=self.tp,
+            max_model_len=self.max_model_len,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enable_prefix_caching=self.prefix_caching,
+            seed=seed,
+        )
+        try:
+            return ReplicaProfile.from_argv(self.args, base)
+        except ValueError as error:
+            raise ValueError(f"args: {error}") from None
+
     @property
     def max_num_seqs(self) -> int:
-        """The engines' running-batch cap: ``--max-num-seqs`` in ``args``, else vLLM's 256
+        """The engines' running-batch cap: the profile's ``--max-num-seqs``, else vLLM's 256
         (an external model: 256, its engine's flags are not known here). The one value
         saturation is judged by, for this pool's admission gate and its autoscaler, live
         and simulated (the simulator's replicas run with it too)."""
-        return engine_max_num_seqs(self.args)
+        return self.profile().running_batch_cap
 
     @property
     def startup_timeout(self) -> float:

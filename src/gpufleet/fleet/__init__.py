@@ -1,4 +1,5 @@
-"""Domain types of the control plane: replicas, their states, fleet views, requests, events.
+"""Domain types of the control plane: replicas, their states and engine profiles, fleet views,
+requests, events.
 
 Values only (frozen dataclasses and enums): the gateway and the simulator build them, the
 policies in ``gpufleet.policy`` read them.
@@ -12,6 +13,7 @@ from gpufleet.fleet._engine_metrics import (
     read_engine_metrics,
 )
 from gpufleet.fleet._events import FleetEvent, ProbeResult, RequestFinished
+from gpufleet.fleet._profile import DEFAULT_MAX_NUM_SEQS, ENGINE_FLAGS, ReplicaProfile
 from gpufleet.fleet._replica import (
     IN_SERVICE,
     NO_LOAD,
@@ -32,6 +34,8 @@ from gpufleet.fleet._request import (
 from gpufleet.fleet._view import FleetView
 
 __all__ = [
+    "DEFAULT_MAX_NUM_SEQS",
+    "ENGINE_FLAGS",
     "ENGINE_METRICS",
     "FAILURES",
     "IN_SERVICE",
@@ -48,6 +52,7 @@ __all__ = [
     "ProbeResult",
     "ReplicaId",
     "ReplicaLoad",
+    "ReplicaProfile",
     "ReplicaState",
     "ReplicaView",
     "RequestFinished",

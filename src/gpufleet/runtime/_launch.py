@@ -47,7 +47,8 @@ class LaunchPlan:
 def launch_plan(spec: ReplicaSpec, host: str, port: int | None = None) -> LaunchPlan:
     """The command line of a spawned replica. ``port`` is required for vLLM, unused for sim.
 
-    Our defaults come first and ``spec.engine.args`` last, so a flag given there wins.
+    What to serve and where come first; the engine flags (``engine.profile.to_argv()``)
+    last, so a pass-through flag of the fleet file's ``args`` is last of all.
     """
     engine = spec.engine
     env = {"PYTHONUNBUFFERED": "1", **engine.env}
@@ -56,11 +57,10 @@ def launch_plan(spec: ReplicaSpec, host: str, port: int | None = None) -> Launch
         case EngineKind.SIM:
             argv = (
                 *(sys.executable, "-m", "gpufleet", "engine", "sim"),
-                *("--model", engine.model, "--gpu", engine.gpu, "--tp", str(engine.tp)),
-                *("--host", host, "--port", "0", "--seed", str(spec.index)),
+                *("--model", engine.model, "--gpu", engine.gpu),
+                *("--host", host, "--port", "0"),
                 *names,
-                *engine.limit_flags(),
-                *engine.args,
+                *engine.profile.to_argv(),
             )
             return LaunchPlan(argv, env, None)
         case EngineKind.VLLM:
@@ -69,10 +69,8 @@ def launch_plan(spec: ReplicaSpec, host: str, port: int | None = None) -> Launch
             argv = (
                 *vllm_command(),
                 *(engine.model, "--host", host, "--port", str(port)),
-                *("--tensor-parallel-size", str(engine.tp), "--seed", str(spec.index)),
                 *names,
-                *engine.limit_flags(),
-                *engine.args,
+                *engine.profile.to_argv(),
             )
             return LaunchPlan(argv, env, f"http://{_url_host(host)}:{port}")
         case EngineKind.EXTERNAL:

@@ -21,7 +21,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
-from gpufleet.fleet import ReplicaId
+from gpufleet.fleet import ReplicaId, ReplicaProfile
 
 _POOL_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 """Lower-case letters, digits, ``.`` and ``-``: safe in a replica name, a file name and a URL."""
@@ -44,46 +44,32 @@ SPAWNED: Final = frozenset({EngineKind.SIM, EngineKind.VLLM})
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    """One engine replica's recipe: what it serves, on what, with which extra flags and env.
+    """One engine replica's recipe: what it serves, on what, with which engine flags and env.
 
-    ``args`` are appended to the command line the runtime builds (they win over its defaults,
-    e.g. ``("--time-scale", "50")`` for a sim engine); ``env`` is added to the parent's
-    environment. ``endpoints`` is for ``EXTERNAL`` only: replica ``i`` is ``endpoints[i]``.
+    ``profile`` holds the engine flags (``ReplicaProfile.to_argv``, last on the command line
+    the runtime builds, its pass-through flags last of all, e.g. ``("--time-scale", "50")``
+    for a sim engine); ``env`` is added to the parent's environment. ``endpoints`` is for
+    ``EXTERNAL`` only: replica ``i`` is ``endpoints[i]``.
     """
 
     model: str = "llama-3.1-8b"
     """Catalog model name (sim) or Hugging Face model id / path (vLLM)."""
     kind: EngineKind = EngineKind.SIM
     gpu: str = "h100-sxm"
-    tp: int = 1
     served_model_name: str | None = None
     """The name clients send as ``model`` (default: ``model``)."""
-    gpu_memory_utilization: float | None = None
-    """``--gpu-memory-utilization`` (``None``: the engine's default)."""
-    max_model_len: int | None = None
-    """``--max-model-len`` (``None``: the engine's default)."""
-    prefix_caching: bool | None = None
-    """``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``None``: the engine's
-    default)."""
+    profile: ReplicaProfile = field(default_factory=ReplicaProfile)
+    """The engine flags: tensor parallelism, limits, prefix caching, seed, pass-through."""
     ready_timeout_s: float | None = None
     """The startup budget: seconds from launch to a 200 from ``/health`` before the start is
     killed and counted a crash (``None``: ``RuntimeSettings.ready_timeout_s``)."""
-    args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     endpoints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # A read-only copy: a frozen spec must not change under the reconciler's feet.
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
-        object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "endpoints", tuple(e.rstrip("/") for e in self.endpoints))
-        if self.tp < 1:
-            raise ValueError(f"tp must be >= 1, got {self.tp}")
-        share = self.gpu_memory_utilization
-        if share is not None and not 0.0 < share <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {share}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         budget = self.ready_timeout_s
         if budget is not None and not (math.isfinite(budget) and budget > 0):
             raise ValueError(f"ready_timeout_s must be finite and > 0, got {budget}")
@@ -100,20 +86,6 @@ class EngineSpec:
     def served_name(self) -> str:
         """The model name clients use."""
         return self.served_model_name or self.model
-
-    def limit_flags(self) -> tuple[str, ...]:
-        """The memory, context and caching flags that are set, in vLLM's spelling (which the
-        sim engine shares)."""
-        flags: list[str] = []
-        if self.gpu_memory_utilization is not None:
-            flags += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
-        if self.max_model_len is not None:
-            flags += ["--max-model-len", str(self.max_model_len)]
-        if self.prefix_caching is not None:
-            flags.append(
-                "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching"
-            )
-        return tuple(flags)
 
 
 @dataclass(frozen=True, slots=True)

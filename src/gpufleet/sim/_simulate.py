@@ -36,17 +36,8 @@ from gpufleet.sim._traces import TraceRequest
 
 QUANTILES: Final = (0.5, 0.9, 0.99)
 
-_ENGINE_FLAGS: Final = {  # `gpufleet engine sim` flags a fleet file's `args` may set
-    "--max-num-seqs": ("max_num_seqs", int),
-    "--max-num-batched-tokens": ("max_num_batched_tokens", int),
-    "--max-model-len": ("max_model_len", int),
-    "--gpu-memory-utilization": ("gpu_memory_utilization", float),
-    "--num-gpu-blocks-override": ("num_gpu_blocks_override", int),
-    "--block-size": ("block_size", int),
-}
-_SWITCHES: Final = {"--enable-prefix-caching": True, "--no-enable-prefix-caching": False}
-_IGNORED_FLAGS: Final = frozenset({"--time-scale", "--seed"})
-"""Real-time pacing and the engine's own seed mean nothing here (the run's seed rules)."""
+_PACING: Final = frozenset({"--time-scale"})
+"""Sim engine flags that pace real time: virtual time has nothing to pace (ignored here)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,35 +64,21 @@ class SimOptions:
 
 
 def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
-    """The replica model a fleet file's entry describes (its engine flags included)."""
+    """The replica model a fleet file's entry describes: its profile (engine flags, ``args``
+    included, and the engine seed of the run's ``seed``) on its catalog model and GPU."""
     try:
         spec, gpu = get_model(model.served_model), get_gpu(model.gpu)
     except CatalogError as error:
         raise ValueError(f"model {model.name!r}: {error}") from None
-    # The fleet file's engine fields, then its `args` (which win, as on a live engine).
-    fields: dict[str, Any] = {"enable_prefix_caching": model.prefix_caching}
-    if model.gpu_memory_utilization is not None:
-        fields["gpu_memory_utilization"] = model.gpu_memory_utilization
-    if model.max_model_len is not None:
-        fields["max_model_len"] = model.max_model_len
-    args = list(model.args)
-    while args:
-        flag, _, value = args.pop(0).partition("=")
-        if flag in _SWITCHES:
-            fields["enable_prefix_caching"] = _SWITCHES[flag]
-            continue
-        if not value and args and flag in _ENGINE_FLAGS | dict.fromkeys(_IGNORED_FLAGS):
-            value = args.pop(0)
-        if flag in _IGNORED_FLAGS:
-            continue
-        if flag not in _ENGINE_FLAGS:
+    profile = model.profile(seed)
+    extra = list(profile.extra)
+    while extra:  # what a live engine takes beyond the profile: only pacing means nothing here
+        flag, eq, _ = extra.pop(0).partition("=")
+        if flag not in _PACING:
             raise ValueError(f"model {model.name!r}: args: {flag} is not modelled by simulate")
-        name, kind = _ENGINE_FLAGS[flag]
-        try:
-            fields[name] = kind(value)
-        except ValueError:
-            raise ValueError(f"model {model.name!r}: args: {flag} {value!r}") from None
-    return ReplicaConfig(spec, gpu, tp=model.tp, seed=seed, **fields)
+        if not eq and extra:
+            extra.pop(0)
+    return ReplicaConfig(spec, gpu, **profile.settings())
 
 
 @dataclass(slots=True)

@@ -132,7 +132,7 @@ def test_vllm_pool_asks_for_tp_gpus_of_its_type_and_tolerates_their_taint(
         assert {"name": "dshm", "mountPath": "/dev/shm"} in _container(deployment)["volumeMounts"]
 
 
-def test_vllm_args_come_from_the_fleet_file_and_the_users_args_come_last(
+def test_vllm_args_come_from_the_fleet_file_and_end_with_its_profile(
     gpu_fleet: ClusterFleet,
 ) -> None:
     container = _container(
@@ -142,17 +142,15 @@ def test_vllm_args_come_from_the_fleet_file_and_the_users_args_come_last(
     assert container["command"] == ["vllm", "serve"]
     args = container["args"]
     assert args[0] == "meta-llama/Llama-3.1-70B-Instruct"
-
-    def value(flag: str) -> str:
-        return str(args[len(args) - 1 - args[::-1].index(flag) + 1])  # the last one wins
-
-    assert value("--served-model-name") == "llama-3.1-70b"
-    assert value("--tensor-parallel-size") == "4"
-    assert value("--shutdown-timeout") == "120"  # the fleet's first_byte timeout
-    assert value("--gpu-memory-utilization") == "0.92"  # the user's, after our 0.9
-    assert value("--max-model-len") == "8192"
-    assert "--enable-prefix-caching" in args
-    assert args[-4:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.92"]
+    assert args[1:9] == [
+        *("--host", "0.0.0.0", "--port", "8000"),
+        *("--served-model-name", "llama-3.1-70b"),
+        *("--shutdown-timeout", "120"),  # the fleet's first_byte timeout
+    ]
+    assert args[9:] == [  # the profile: `tp`, then the file's args, each flag once; the seed
+        *("--tensor-parallel-size", "4", "--max-model-len", "8192"),
+        *("--gpu-memory-utilization", "0.92", "--enable-prefix-caching", "--seed", "0"),
+    ]
 
 
 def test_engine_fields_of_the_fleet_file_become_vllm_flags_env_and_startup_budget(

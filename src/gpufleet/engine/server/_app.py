@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import random
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from contextlib import asynccontextmanager
@@ -34,9 +35,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gpufleet.catalog import get_gpu, get_model
 from gpufleet.engine._tokenizer import Tokenizer
-from gpufleet.engine.model import FinishReason, NewRequest, ReplicaConfig, ReplicaModel
+from gpufleet.engine.model import FinishReason, NewRequest, ReplicaModel
 from gpufleet.engine.server._clock import Clock, ScaledClock
 from gpufleet.engine.server._config import SimEngineConfig
 from gpufleet.engine.server._errors import (
@@ -93,21 +93,8 @@ class SimEngine:
     def __init__(self, config: SimEngineConfig, clock: Clock) -> None:
         self.config = config
         self.clock = clock
-        spec = get_model(config.model)
-        replica = ReplicaConfig(
-            model=spec,
-            gpu=get_gpu(config.gpu),
-            tp=config.tp,
-            pp=config.pp,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            block_size=config.block_size,
-            max_model_len=config.max_model_len,
-            enable_prefix_caching=config.enable_prefix_caching,
-            num_gpu_blocks_override=config.num_gpu_blocks_override,
-            seed=config.seed,
-        )
+        replica = config.replica_config()
+        spec = replica.model
         self.model = ReplicaModel(replica)
         self.model.set_slowdown(config.faults.slowdown)
         self.tokenizer = Tokenizer(spec.vocab_size)
@@ -128,7 +115,6 @@ class SimEngine:
         )
         self.loop = EngineLoop(self.model, clock, self.metrics)
         self.faults = Faults(config.faults, random.Random(config.seed))
-        self._ids = random.Random(f"ids-{config.seed}")
         self._next_request = 0
         self.created = int(time.time())
 
@@ -138,11 +124,13 @@ class SimEngine:
         return str(self._next_request)
 
     def response_id(self, prefix: str, scope: Scope) -> str:
-        """``prefix-<X-Request-Id>`` when the client sent one (as vLLM does), else random."""
+        """``prefix-<X-Request-Id>`` when the client sent one (as vLLM does), else random, as
+        vLLM's are: not drawn from ``--seed``, which every replica of a fleet shares, so two
+        replicas never answer with the same id."""
         for key, value in scope["headers"]:
             if key == b"x-request-id" and value:
                 return f"{prefix}-{value.decode('latin-1')}"
-        return f"{prefix}-{self._ids.getrandbits(128):032x}"
+        return f"{prefix}-{secrets.token_hex(16)}"
 
     def set_faults(self, patch: dict[str, Any]) -> dict[str, Any]:
         config = self.faults.update(patch)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpufleet.catalog import get_gpu, get_model
+from gpufleet.engine.model import ReplicaConfig
+
 
 class FaultConfig(BaseModel):
     """Faults a sim engine injects, for the tests of the layers above it.
@@ -57,3 +60,20 @@ class SimEngineConfig(BaseModel):
     def name(self) -> str:
         """The served model name."""
         return self.served_model_name or self.model
+
+    def replica_config(self) -> ReplicaConfig:
+        """The replica model this engine runs (an unknown model or GPU: ``CatalogError``)."""
+        return ReplicaConfig(
+            model=get_model(self.model),
+            gpu=get_gpu(self.gpu),
+            tp=self.tp,
+            pp=self.pp,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            enable_prefix_caching=self.enable_prefix_caching,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            seed=self.seed,
+        )

@@ -30,10 +30,9 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final
 
-from gpufleet.perf import EngineLimits
 from gpufleet.runtime._spec import EngineKind, EngineSpec, PoolSpec
 from gpufleet.runtime.kubernetes._dashboard import DASHBOARD_FILE, dashboard_json
 from gpufleet.runtime.kubernetes._gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_product
@@ -341,23 +340,15 @@ def _pool(ctx: _Context, pool: PoolSpec, name: str) -> list[Manifest]:
 
 
 def vllm_args(pool: PoolSpec, drain_s: int) -> list[str]:
-    """``vllm serve`` arguments of a pool's pods; the fleet file's ``args`` come last and win."""
+    """``vllm serve`` arguments of a pool's pods: the engine flags come last, as the local
+    runtime writes them (``launch_plan``), so a pass-through flag of ``args`` wins."""
     engine = pool.engine
-    # Unset fields are written out all the same: the pod's flags say what it runs.
-    limits = replace(
-        engine,
-        gpu_memory_utilization=engine.gpu_memory_utilization
-        or EngineLimits().gpu_memory_utilization,
-        prefix_caching=engine.prefix_caching is not False,
-    )
     return [
         engine.model,
         *("--host", "0.0.0.0", "--port", str(PORT)),
         *("--served-model-name", engine.served_model_name or engine.model),
-        *("--tensor-parallel-size", str(engine.tp)),
-        *limits.limit_flags(),
         *("--shutdown-timeout", str(drain_s)),
-        *engine.args,
+        *engine.profile.to_argv(),
     ]
 
 
@@ -372,11 +363,10 @@ def sim_args(pool: PoolSpec) -> list[str]:
     engine = pool.engine
     names = ("--served-model-name", engine.served_model_name) if engine.served_model_name else ()
     return [
-        *("--model", engine.model, "--gpu", engine.gpu, "--tp", str(engine.tp)),
+        *("--model", engine.model, "--gpu", engine.gpu),
         *("--host", "0.0.0.0", "--port", str(PORT)),
         *names,
-        *engine.limit_flags(),
-        *engine.args,
+        *engine.profile.to_argv(),
     ]
 
 
@@ -397,7 +387,7 @@ def _vllm_pod(ctx: _Context, pool: PoolSpec) -> Manifest:
             *({"name": name, "value": value} for name, value in sorted(engine.env.items())),
         ],
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "resources": {"limits": {GPU_RESOURCE: engine.tp}},
+        "resources": {"limits": {GPU_RESOURCE: engine.profile.tp}},
         "startupProbe": _probe("/health", period=10, failures=_startup_checks(engine)),
         "readinessProbe": _probe("/health", period=5, failures=2),
         "livenessProbe": _probe("/health", period=10, failures=3),
