@@ -7,7 +7,13 @@ import types
 
 import pytest
 
-PACKAGES = ["gpufleet.catalog", "gpufleet.perf", "gpufleet.planner", "gpufleet.cli"]
+PACKAGES = [
+    "gpufleet.catalog",
+    "gpufleet.perf",
+    "gpufleet.planner",
+    "gpufleet.cli",
+    "gpufleet.store",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
