@@ -13,6 +13,7 @@ PACKAGES = [
     "gpufleet.planner",
     "gpufleet.control",
     "gpufleet.cli",
+    "gpufleet.store",
 ]
 
 

@@ -8,16 +8,15 @@ from pathlib import Path
 import pytest
 
 from gpufleet.store import Store, TenantSettings, database_url
-from tests.store.postgres import postgres_server, unavailable
+from tests.store.postgres import unavailable
 from tests.store.test_store import usage_row
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 
 
 @pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with postgres_server() as url:
-        yield url
+def url(postgres_url: str) -> str:
+    return postgres_url
 
 
 @pytest.fixture

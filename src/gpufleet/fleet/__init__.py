@@ -1,10 +1,33 @@
 """Domain types of the control plane: replicas, their states and engine profiles, fleet views,
-requests, events.
+requests, events, and the OpenAI batch lifecycle (a batch's statuses and its input file's lines).
 
 Values only (frozen dataclasses and enums): the gateway and the simulator build them, the
 policies in ``gpufleet.policy`` read them.
 """
 
+from gpufleet.fleet._batch import (
+    BATCH_CANCEL_GRACE_S,
+    BATCH_CANCELLABLE,
+    BATCH_ENDPOINTS,
+    BATCH_RUNNING,
+    BATCH_TERMINAL,
+    BATCH_TIMESTAMPS,
+    BATCH_TRANSITIONS,
+    BATCH_WINDOWS,
+    BatchProgress,
+    BatchStatus,
+    RequestCounts,
+    batch_can_move,
+    batch_sources,
+    next_batch_status,
+)
+from gpufleet.fleet._batch_input import (
+    MAX_BATCH_LINES,
+    BatchInput,
+    BatchRequest,
+    LineError,
+    parse_batch_input,
+)
 from gpufleet.fleet._engine_metrics import (
     ENGINE_METRICS,
     EngineMetrics,
@@ -34,20 +57,34 @@ from gpufleet.fleet._request import (
 from gpufleet.fleet._view import FleetView
 
 __all__ = [
+    "BATCH_CANCELLABLE",
+    "BATCH_CANCEL_GRACE_S",
+    "BATCH_ENDPOINTS",
+    "BATCH_RUNNING",
+    "BATCH_TERMINAL",
+    "BATCH_TIMESTAMPS",
+    "BATCH_TRANSITIONS",
+    "BATCH_WINDOWS",
     "DEFAULT_MAX_NUM_SEQS",
     "ENGINE_FLAGS",
     "ENGINE_METRICS",
     "FAILURES",
     "IN_SERVICE",
     "LOCAL_ORIGIN_FAILURES",
+    "MAX_BATCH_LINES",
     "NO_LOAD",
     "REPLICA_ORIGIN_FAILURES",
     "ROUTABLE",
+    "BatchInput",
+    "BatchProgress",
+    "BatchRequest",
+    "BatchStatus",
     "EngineMetrics",
     "EngineSignal",
     "FleetEvent",
     "FleetView",
     "Histogram",
+    "LineError",
     "Outcome",
     "ProbeResult",
     "ReplicaId",
@@ -55,8 +92,13 @@ __all__ = [
     "ReplicaProfile",
     "ReplicaState",
     "ReplicaView",
+    "RequestCounts",
     "RequestFinished",
     "RouteRequest",
+    "batch_can_move",
+    "batch_sources",
+    "next_batch_status",
+    "parse_batch_input",
     "read_engine_metrics",
     "text_prefix_hashes",
 ]

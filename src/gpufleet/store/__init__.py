@@ -1,4 +1,5 @@
-"""Durable records: tenants, API keys, the usage ledger and the audit log (docs/tenants.md).
+"""Durable records: tenants, API keys, the usage ledger and the audit log (docs/tenants.md);
+the Batch API's files, batches and per-line progress (docs/batch.md).
 
 SQLite (WAL) under ``$GPUFLEET_HOME`` by default, PostgreSQL when ``$GPUFLEET_DB_URL`` (or a
 fleet file's ``tenants.database_url``) says so, through SQLAlchemy Core. The gateway writes
@@ -6,6 +7,19 @@ its ledger through a :class:`Journal`: a record is on disk (in the kernel) befor
 sees its response end, and reaches the database in batches off the hot path.
 """
 
+from gpufleet.store._batch_lines import DEFAULT_LEASE_S, BatchLines, LineClaim, LineResult
+from gpufleet.store._batches import MAX_BATCHES_PAGE, Batch, Batches, BatchPage
+from gpufleet.store._errors import StoreError
+from gpufleet.store._files import (
+    CHUNK_BYTES,
+    FILE_PURPOSES,
+    MAX_FILE_BYTES,
+    MAX_FILES_PAGE,
+    FileObject,
+    FilePage,
+    FilePurpose,
+    Files,
+)
 from gpufleet.store._journal import Journal, read_records, recover
 from gpufleet.store._keys import PREFIX as KEY_PREFIX
 from gpufleet.store._keys import secret_matches, split_key
@@ -17,7 +31,6 @@ from gpufleet.store._store import (
     Priority,
     Snapshot,
     Store,
-    StoreError,
     Tenant,
     TenantSettings,
     UsageRow,
@@ -28,12 +41,28 @@ from gpufleet.store._store import (
 )
 
 __all__ = [
+    "CHUNK_BYTES",
+    "DEFAULT_LEASE_S",
+    "FILE_PURPOSES",
     "HOME_ENV",
     "KEY_PREFIX",
+    "MAX_BATCHES_PAGE",
+    "MAX_FILES_PAGE",
+    "MAX_FILE_BYTES",
     "PRIORITIES",
     "URL_ENV",
+    "Batch",
+    "BatchLines",
+    "BatchPage",
+    "Batches",
+    "FileObject",
+    "FilePage",
+    "FilePurpose",
+    "Files",
     "Journal",
     "KeyInfo",
+    "LineClaim",
+    "LineResult",
     "Priority",
     "Snapshot",
     "Store",

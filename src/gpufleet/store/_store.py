@@ -1,4 +1,5 @@
-"""The store: tenants, API keys, the usage ledger and the audit log, in one database.
+"""The store: tenants, API keys, the usage ledger, the audit log, and the Batch API's files,
+batches and batch lines, in one database.
 
 ::
 
@@ -6,6 +7,7 @@
     tenant, key = store.create_key("team-a", TenantSettings(rpm=600))   # key: shown once
     snapshot = store.snapshot()          # every key and tenant, what the gateway checks
     journal = store.journal()            # the gateway's durable, batched ledger writer
+    store.files, store.batches, store.batch_lines   # the Batch API (docs/batch.md)
 
 SQLite (the default) runs in WAL mode: readers (``gpufleet keys list``, ``gpufleet usage``)
 never block the gateway's writer. PostgreSQL is used when the URL says so
@@ -27,6 +29,10 @@ from sqlalchemy import Engine, Integer, create_engine, event, func, insert, sele
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gpufleet.store import _schema as s
+from gpufleet.store._batch_lines import BatchLines
+from gpufleet.store._batches import Batches
+from gpufleet.store._errors import StoreError
+from gpufleet.store._files import Files
 from gpufleet.store._journal import Journal, Record
 from gpufleet.store._keys import new_key
 
@@ -34,10 +40,6 @@ HOME_ENV: Final = "GPUFLEET_HOME"
 URL_ENV: Final = "GPUFLEET_DB_URL"
 Priority = Literal["interactive", "batch"]
 PRIORITIES: Final = ("interactive", "batch")
-
-
-class StoreError(ValueError):
-    """A request the store cannot do (unknown tenant or key, bad setting); says why."""
 
 
 def home() -> Path:
@@ -117,11 +119,14 @@ class UsageRow:
 
 
 class Store:
-    """One database's tenants, keys, ledger and audit log."""
+    """One database's tenants, keys, ledger and audit log, files and batches."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         s.metadata.create_all(engine)
+        self.files = Files(engine)
+        self.batch_lines = BatchLines(engine)
+        self.batches = Batches(engine, self.files, self.batch_lines)
 
     @classmethod
     def open(cls, url: str | None = None) -> Store:
