@@ -13,16 +13,20 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from gpufleet.store import LineResult, Store
 from tests.store.batches import T0, jsonl, started
 
 WORKER = """
-import sys
+import os, sys, time
 from gpufleet.store import LineResult, Store
 
-url, batch_id, worker, record, limit = sys.argv[1:6]
+url, batch_id, worker, record, limit, go = sys.argv[1:7]
 store = Store.open(url)
+print("ready", flush=True)
+while go and not os.path.exists(go):  # start together: contention, not turns
+    time.sleep(0.005)
 while claims := store.batch_lines.claim(batch_id, worker=worker, now=1e6, limit=int(limit)):
     for claim in claims:
         if record == "record":
@@ -34,12 +38,17 @@ print("end", flush=True)
 
 
 def worker(
-    url: str, batch_id: str, name: str, *, record: bool, limit: int
+    url: str, batch_id: str, name: str, *, record: bool, limit: int, go: str = ""
 ) -> subprocess.Popen[str]:
-    args = [url, batch_id, name, "record" if record else "claim", str(limit)]
-    return subprocess.Popen(
+    """A child that claims (and records) lines; with ``go``, it waits for that file first.
+    Its first line of output is ``ready``."""
+    args = [url, batch_id, name, "record" if record else "claim", str(limit), go]
+    child = subprocess.Popen(
         [sys.executable, "-c", WORKER, *args], stdout=subprocess.PIPE, text=True
     )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    return child
 
 
 def test_a_worker_killed_mid_batch_loses_no_line_and_runs_none_twice(db_url: str) -> None:
@@ -78,20 +87,26 @@ def test_a_worker_killed_mid_batch_loses_no_line_and_runs_none_twice(db_url: str
     store.close()
 
 
-def test_lines_claimed_by_several_processes_go_to_exactly_one(db_url: str) -> None:
+def test_lines_claimed_by_several_processes_go_to_exactly_one(db_url: str, tmp_path: Path) -> None:
     store = Store.open(db_url)
-    batch = started(store, 400)
-    children = [worker(db_url, batch.id, f"w{i}", record=False, limit=7) for i in range(4)]
-    claimed: dict[str, list[int]] = {}
-    for i, child in enumerate(children):
-        out, _ = child.communicate(timeout=120)
-        lines = out.split()
-        assert lines[-1] == "end"
-        claimed[f"w{i}"] = [int(x) for x in lines[:-1]]
-    every = [line for lines in claimed.values() for line in lines]
-    assert sorted(every) == list(range(1, 401))
-    assert sum(1 for lines in claimed.values() if lines) >= 2, claimed
-    store.close()
+    try:
+        batch = started(store, 400)
+        go = tmp_path / "go"
+        children = [
+            worker(db_url, batch.id, f"w{i}", record=False, limit=7, go=str(go)) for i in range(4)
+        ]
+        go.touch()  # every child is connected and waiting: they claim at once
+        claimed: dict[str, list[int]] = {}
+        for i, child in enumerate(children):
+            out, _ = child.communicate(timeout=120)
+            lines = out.split()
+            assert lines[-1] == "end"
+            claimed[f"w{i}"] = [int(x) for x in lines[:-1]]
+        every = [line for lines in claimed.values() for line in lines]
+        assert sorted(every) == list(range(1, 401))
+        assert sum(1 for lines in claimed.values() if lines) >= 2, claimed
+    finally:
+        store.close()
 
 
 def test_lines_claimed_by_several_threads_go_to_exactly_one(db: Store) -> None:
