@@ -19,7 +19,7 @@ USER = [{"role": "user", "content": "Tell me about the old stone bridge."}]
 
 
 def client(sim: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.v1, api_key="unused", max_retries=0, timeout=30)
+    return sim.client()
 
 
 def test_models_lists_the_served_model_and_its_context(sim: Served) -> None:
