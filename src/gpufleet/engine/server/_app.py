@@ -6,6 +6,7 @@
 Routes (all pure ASGI endpoints; STYLE 11), each in a module of its own::
 
     POST /v1/chat/completions   POST /v1/completions   streaming or not, n ≥ 1   _completions
+    POST /v1/embeddings                                 pooling requests          _embeddings
     GET  /v1/models             GET  /health            GET /metrics              here
     GET|POST /admin/faults      only with enable_admin (404 otherwise)            here
 
@@ -47,6 +48,7 @@ from gpufleet.engine.server._asgi import (
 from gpufleet.engine.server._clock import ScaledClock
 from gpufleet.engine.server._completions import Completions
 from gpufleet.engine.server._config import SimEngineConfig
+from gpufleet.engine.server._embeddings import Embeddings
 from gpufleet.engine.server._engine import SimEngine
 from gpufleet.engine.server._errors import (
     ApiError,
@@ -163,6 +165,7 @@ def _build(engine: SimEngine) -> Starlette:
     routes = [
         Route("/v1/chat/completions", Completions(engine, chat=True), methods=["POST"]),
         Route("/v1/completions", Completions(engine, chat=False), methods=["POST"]),
+        Route("/v1/embeddings", Embeddings(engine), methods=["POST"]),
         Route("/v1/models", _Models(engine), methods=["GET"]),
         Route("/health", _Health(engine), methods=["GET"]),
         Route("/metrics", _Metrics(engine), methods=["GET"]),
