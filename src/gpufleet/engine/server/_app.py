@@ -7,6 +7,7 @@ Routes (all pure ASGI endpoints; STYLE 11), each in a module of its own::
 
     POST /v1/chat/completions   POST /v1/completions   streaming or not, n ≥ 1   _completions
     POST /v1/embeddings                                 pooling requests          _embeddings
+    POST /v1/responses                                  streaming or not          _responses
     GET  /v1/models             GET  /health            GET /metrics              here
     GET|POST /admin/faults      only with enable_admin (404 otherwise)            here
 
@@ -58,6 +59,7 @@ from gpufleet.engine.server._errors import (
     error_body,
     http_error,
 )
+from gpufleet.engine.server._responses import Responses
 
 logger = logging.getLogger("gpufleet.engine.sim")
 
@@ -166,6 +168,7 @@ def _build(engine: SimEngine) -> Starlette:
         Route("/v1/chat/completions", Completions(engine, chat=True), methods=["POST"]),
         Route("/v1/completions", Completions(engine, chat=False), methods=["POST"]),
         Route("/v1/embeddings", Embeddings(engine), methods=["POST"]),
+        Route("/v1/responses", Responses(engine), methods=["POST"]),
         Route("/v1/models", _Models(engine), methods=["GET"]),
         Route("/health", _Health(engine), methods=["GET"]),
         Route("/metrics", _Metrics(engine), methods=["GET"]),
