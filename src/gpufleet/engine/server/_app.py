@@ -8,6 +8,7 @@ Routes (all pure ASGI endpoints; STYLE 11), each in a module of its own::
     POST /v1/chat/completions   POST /v1/completions   streaming or not, n ≥ 1   _completions
     POST /v1/embeddings                                 pooling requests          _embeddings
     POST /v1/responses                                  streaming or not          _responses
+    POST /tokenize              POST /detokenize        no model work             _tokenize
     GET  /v1/models             GET  /health            GET /metrics              here
     GET|POST /admin/faults      only with enable_admin (404 otherwise)            here
 
@@ -60,6 +61,7 @@ from gpufleet.engine.server._errors import (
     http_error,
 )
 from gpufleet.engine.server._responses import Responses
+from gpufleet.engine.server._tokenize import Detokenize, Tokenize
 
 logger = logging.getLogger("gpufleet.engine.sim")
 
@@ -169,6 +171,8 @@ def _build(engine: SimEngine) -> Starlette:
         Route("/v1/completions", Completions(engine, chat=False), methods=["POST"]),
         Route("/v1/embeddings", Embeddings(engine), methods=["POST"]),
         Route("/v1/responses", Responses(engine), methods=["POST"]),
+        Route("/tokenize", Tokenize(engine), methods=["POST"]),
+        Route("/detokenize", Detokenize(engine), methods=["POST"]),
         Route("/v1/models", _Models(engine), methods=["GET"]),
         Route("/health", _Health(engine), methods=["GET"]),
         Route("/metrics", _Metrics(engine), methods=["GET"]),
