@@ -31,14 +31,21 @@ JSON = st.recursive(
 FIELDS = [
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "ignore_eos", "n",
     "stop", "stream", "stream_options", "user", "temperature", "top_p", "priority", "seed",
+    "input", "encoding_format", "dimensions", "instructions", "max_output_tokens", "tokens",
+    "add_special_tokens", "add_generation_prompt", "return_token_strs", "background",
 ]  # fmt: skip
 VALID = {
     "/v1/chat/completions": {
         "model": "llama-3.1-8b",
         "messages": [{"role": "user", "content": "hello there"}],
         "max_tokens": 4,
+        "n": 2,
     },
     "/v1/completions": {"model": "llama-3.1-8b", "prompt": "hello there", "max_tokens": 4},
+    "/v1/embeddings": {"model": "llama-3.1-8b", "input": ["hello there", "again"]},
+    "/v1/responses": {"model": "llama-3.1-8b", "input": "hello there", "max_output_tokens": 4},
+    "/tokenize": {"model": "llama-3.1-8b", "prompt": "hello there"},
+    "/detokenize": {"model": "llama-3.1-8b", "tokens": [1, 2, 3]},
 }
 
 
