@@ -39,8 +39,13 @@ from gpufleet.engine.server._asgi import (
     send_error,
 )
 from gpufleet.engine.server._engine import SimEngine
-from gpufleet.engine.server._errors import ApiError, InvalidRequestError, UnsupportedError
-from gpufleet.engine.server._loop import RequestStream
+from gpufleet.engine.server._errors import (
+    ApiError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    UnsupportedError,
+)
+from gpufleet.engine.server._loop import EngineDeadError, RequestStream
 from gpufleet.engine.server._protocol import (
     DONE,
     WORD_JSON,
@@ -133,7 +138,10 @@ class Completions(JsonRoute):
         done = False
         try:
             if not request.stream:
-                await write_body(send, gens, len(prompt))
+                try:
+                    await write_body(send, gens, len(prompt))
+                except EngineDeadError as error:  # nothing was sent yet: a 500 body
+                    await send_error(send, EngineUnavailableError(str(error)))
             elif len(gens) == 1:
                 await StreamWriter(gens[0]).write(send)
             else:

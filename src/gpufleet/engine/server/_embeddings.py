@@ -26,7 +26,7 @@ import struct
 import sys
 import time
 from array import array
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -104,14 +104,7 @@ class Embeddings(JsonRoute):
 
     def _prompts(self, request: EmbeddingRequest) -> list[tuple[int, ...]]:
         tokenizer = self.engine.tokenizer
-        given = request.input
-        items: list[str] | list[list[int]]
-        if isinstance(given, str):
-            items = [given]
-        elif given and isinstance(given[0], int):
-            items = [[i for i in given if isinstance(i, int)]]
-        else:
-            items = [item for item in given if not isinstance(item, int)]  # type: ignore[assignment]
+        items = _items(request.input)
         if not items:
             raise InvalidRequestError("input cannot be empty", param="input")
         prompts: list[tuple[int, ...]] = []
@@ -161,12 +154,11 @@ class Embeddings(JsonRoute):
             try:
                 for stream in streams:
                     await _pooled(stream)
+                body = self._body(engine, scope, request, prompts)
             except EngineDeadError as error:
                 await send_error(send, EngineUnavailableError(str(error)))
-                done = True
-                return
-            body = self._body(engine, scope, request, prompts)
-            await send_bytes(send, 200, body, JSON_HEADERS)
+            else:
+                await send_bytes(send, 200, body, JSON_HEADERS)
             done = True
         except OSError:  # the connection broke while writing
             pass
@@ -205,6 +197,15 @@ class Embeddings(JsonRoute):
             },
         }
         return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _items(given: list[int] | list[list[int]] | str | list[str]) -> list[str | list[int]]:
+    """The inputs of one request: a string or a token-id list is one input."""
+    if isinstance(given, str):
+        return [given]
+    if given and isinstance(given[0], int):
+        return [given]
+    return list(cast("list[str] | list[list[int]]", given))
 
 
 async def _pooled(stream: RequestStream) -> None:

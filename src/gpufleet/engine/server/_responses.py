@@ -294,21 +294,23 @@ class Responses(JsonRoute):
             if request.stream:
                 await self._stream(send, stream, answer)
             else:
-                try:
-                    async for _ in answer.pieces(stream, engine.tokenizer.decode):
-                        pass
-                except EngineDeadError as error:
-                    await send_error(send, EngineUnavailableError(str(error)))
-                    done = True
-                    return
-                body = json.dumps(answer.response(), separators=(",", ":")).encode()
-                await send_bytes(send, 200, body, JSON_HEADERS)
+                await self._body(send, stream, answer)
             done = True
         except OSError:  # the connection broke while writing
             pass
         finally:
             if not done:
                 engine.loop.abort(stream.request_id)
+
+    async def _body(self, send: Send, stream: RequestStream, answer: _Answer) -> None:
+        try:
+            async for _ in answer.pieces(stream, self.engine.tokenizer.decode):
+                pass
+        except EngineDeadError as error:
+            await send_error(send, EngineUnavailableError(str(error)))
+            return
+        body = json.dumps(answer.response(), separators=(",", ":")).encode()
+        await send_bytes(send, 200, body, JSON_HEADERS)
 
     async def _stream(self, send: Send, stream: RequestStream, answer: _Answer) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
