@@ -6,6 +6,7 @@ talks to it over loopback with real clients (the official ``openai`` client incl
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +32,20 @@ class Served:
     def __init__(self, url: str, app: Any) -> None:
         self.url = url
         self.app = app
+        self._client: openai.OpenAI | None = None
+
+    def client(self) -> openai.OpenAI:
+        """One official client for this engine (thread-safe), closed when the engine stops:
+        clients left to the garbage collector leave sockets for it to warn about."""
+        if self._client is None:
+            self._client = openai.OpenAI(
+                base_url=self.v1, api_key="unused", max_retries=0, timeout=30
+            )
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
 
     @property
     def v1(self) -> str:
@@ -51,6 +67,11 @@ class Served:
 
 @contextmanager
 def serve(config: SimEngineConfig) -> Iterator[Served]:
+    """The app under uvicorn in a thread; what the test process built so far is frozen out of
+    the garbage collector while it runs, as ``gpufleet engine sim`` freezes its start-up heap
+    (a full collection of the pytest heap between a request's arrival and its first step
+    otherwise adds milliseconds to the modelled latencies that timing tests compare)."""
+    gc.freeze()
     app = create_app(config)
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -66,12 +87,15 @@ def serve(config: SimEngineConfig) -> Iterator[Served]:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("sim engine did not start")
         time.sleep(0.01)
+    served = Served(f"http://127.0.0.1:{port}", app)
     try:
-        yield Served(f"http://127.0.0.1:{port}", app)
+        yield served
     finally:
+        served.close()
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+        gc.unfreeze()
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,14 @@ def test_error_rate_one_answers_every_completion_with_500() -> None:
         assert httpx.get(sim.url + "/health").status_code == 200
 
 
+def test_error_rate_applies_to_every_route_that_runs_the_model() -> None:
+    with serve(_config(error_rate=1.0)) as sim:
+        assert httpx.post(sim.v1 + "/embeddings", json={"input": "x"}).status_code == 500
+        assert httpx.post(sim.v1 + "/responses", json={"input": "x"}).status_code == 500
+        tokenized = httpx.post(sim.url + "/tokenize", json={"prompt": "x"})
+        assert tokenized.status_code == 200  # no model work: no injected errors
+
+
 def test_error_rate_is_a_seeded_share() -> None:
     with serve(_config(error_rate=0.3)) as sim, httpx.Client(base_url=sim.v1) as http:
         statuses = [http.post("/completions", json=BODY).status_code for _ in range(60)]

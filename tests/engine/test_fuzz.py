@@ -31,14 +31,21 @@ JSON = st.recursive(
 FIELDS = [
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "ignore_eos", "n",
     "stop", "stream", "stream_options", "user", "temperature", "top_p", "priority", "seed",
+    "input", "encoding_format", "dimensions", "instructions", "max_output_tokens", "tokens",
+    "add_special_tokens", "add_generation_prompt", "return_token_strs", "background",
 ]  # fmt: skip
 VALID = {
     "/v1/chat/completions": {
         "model": "llama-3.1-8b",
         "messages": [{"role": "user", "content": "hello there"}],
         "max_tokens": 4,
+        "n": 2,
     },
     "/v1/completions": {"model": "llama-3.1-8b", "prompt": "hello there", "max_tokens": 4},
+    "/v1/embeddings": {"model": "llama-3.1-8b", "input": ["hello there", "again"]},
+    "/v1/responses": {"model": "llama-3.1-8b", "input": "hello there", "max_output_tokens": 4},
+    "/tokenize": {"model": "llama-3.1-8b", "prompt": "hello there"},
+    "/detokenize": {"model": "llama-3.1-8b", "tokens": [1, 2, 3]},
 }
 
 
@@ -97,3 +104,31 @@ async def test_random_bodies_get_an_answer_and_never_crash(
     assert stats.num_running == 0
     assert stats.num_waiting == 0
     assert engine.loop.dead is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
+)
+async def test_a_dead_engine_loop_answers_500_in_vllms_shape(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the model stops the loop: the request in flight and every later one get a 500
+    body, never a hang or a bare traceback."""
+    application = create_app(SimEngineConfig(time_scale=10_000, max_model_len=256))
+    engine: SimEngine = application.state.engine
+
+    def bug(now: float) -> None:
+        raise ZeroDivisionError("a bug in the model")
+
+    monkeypatch.setattr(engine.model, "plan_step", bug)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+            for _ in range(2):  # in flight when the loop dies, then after it
+                async with asyncio.timeout(10):
+                    response = await client.post(path, content=json.dumps(VALID[path]))
+                assert response.status_code == 500, response.text
+                error = response.json()["error"]
+                assert (error["type"], error["code"]) == ("InternalServerError", 500)
+    assert isinstance(engine.loop.dead, ZeroDivisionError)

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpufleet.engine.server._protocol import WORD_JSON, ResponseShape, StopMatcher, Usage
+from gpufleet.engine.server._protocol import WORD_JSON, Choice, ResponseShape, StopMatcher, Usage
 
 
 def _run(pieces: list[str], stops: tuple[str, ...]) -> tuple[str, str | None]:
@@ -81,16 +81,27 @@ def test_fragments_join_into_valid_chunks() -> None:
 def test_full_bodies_have_vllm_shapes() -> None:
     chat = json.loads(
         ResponseShape(chat=True, response_id="chatcmpl-1", created=1, model="m").full_body(
-            "hi", "length", None, Usage(4, 1, 0)
+            [Choice(0, "hi", "length")], Usage(4, 1, 0)
         )
     )
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi", "tool_calls": []}
     text = json.loads(
         ResponseShape(chat=False, response_id="cmpl-1", created=1, model="m").full_body(
-            "hi", "stop", "x", Usage(4, 1, 0)
+            [Choice(0, "hi", "stop", "x")], Usage(4, 1, 0)
         )
     )
     assert text["object"] == "text_completion"
     assert text["choices"][0]["text"] == "hi"
     assert text["choices"][0]["stop_reason"] == "x"
+
+
+def test_n_choices_carry_their_index_in_fragments_and_bodies() -> None:
+    shape = ResponseShape(chat=True, response_id="c", created=1, model="m")
+    second = shape.for_choice(1)
+    assert _event(second.head + WORD_JSON[0] + second.tail)["choices"][0]["index"] == 1  # type: ignore[index]
+    assert _event(second.role_event)["choices"][0]["index"] == 1  # type: ignore[index]
+    body = json.loads(
+        shape.full_body([Choice(1, "b", "stop"), Choice(0, "a", "length")], Usage(4, 2, 0))
+    )
+    assert [(c["index"], c["message"]["content"]) for c in body["choices"]] == [(0, "a"), (1, "b")]

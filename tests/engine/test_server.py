@@ -19,7 +19,7 @@ USER = [{"role": "user", "content": "Tell me about the old stone bridge."}]
 
 
 def client(sim: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.v1, api_key="unused", max_retries=0, timeout=30)
+    return sim.client()
 
 
 def test_models_lists_the_served_model_and_its_context(sim: Served) -> None:
@@ -329,7 +329,8 @@ def _error(response: httpx.Response, status: int) -> dict[str, object]:
         ("/v1/chat/completions", {"messages": "hi"}, "messages"),
         ("/v1/chat/completions", {"messages": [], "max_tokens": 3}, "messages"),
         ("/v1/chat/completions", {"messages": USER, "max_tokens": 0}, "max_tokens"),
-        ("/v1/chat/completions", {"messages": USER, "n": 2}, "n"),
+        ("/v1/chat/completions", {"messages": USER, "n": 0}, "n"),
+        ("/v1/completions", {"prompt": "x", "n": 129}, "n"),
         ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, "max_tokens"),
         ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
         ("/v1/completions", {"prompt": []}, "prompt"),

@@ -76,3 +76,12 @@ def test_chunk_cache_gives_the_same_ids_as_splitting_the_whole_text(text: str) -
     expected = tuple(_piece_id(piece, VOCAB - SPECIAL_IDS) for piece in _PIECE.findall(text))
     assert fresh.encode(text, add_bos=False) == expected
     assert fresh.encode(text, add_bos=False) == expected  # cached the second time
+
+
+def test_detokenize_names_special_ids_and_reads_others_as_filler_words() -> None:
+    ids = tok.encode_chat([("user", "Hi")])
+    text = tok.detokenize(ids)
+    assert text.startswith("<|begin_of_text|><|user|> ")
+    assert text.endswith("<|end|><|assistant|>")
+    assert tok.detokenize([7, 8]) == tok.decode([7, 8])
+    assert [tok.token_str(i) for i in range(VOCAB - SPECIAL_IDS, VOCAB)][-1] == "<|reserved_15|>"

@@ -78,6 +78,9 @@ class Tokenizer:
         self.end_of_message_id = self._ordinary + _END
         self._role_ids = {role: self._ordinary + 3 + i for i, role in enumerate(_ROLES)}
         self._other_role_id = self._ordinary + _OTHER_ROLE
+        names = ["<|begin_of_text|>", "<|end|>", "<|role|>", *(f"<|{r}|>" for r in _ROLES)]
+        names += [f"<|reserved_{i}|>" for i in range(len(names), SPECIAL_IDS)]
+        self._special_names = tuple(names)
         self._chunks: dict[str, tuple[int, ...]] = {}
 
     def encode(self, text: str, *, add_bos: bool = True) -> tuple[int, ...]:
@@ -124,6 +127,20 @@ class Tokenizer:
     def word_index(token_id: int) -> int:
         """Which of ``WORDS`` a generated id stands for."""
         return token_id % len(WORDS)
+
+    def token_str(self, token_id: int) -> str:
+        """What one id reads as (``/tokenize``'s ``token_strs``, ``/detokenize``): a special
+        id's marker (``<|begin_of_text|>``, ``<|user|>``, …), any other id its filler word.
+
+        Prompt ids are hashes and cannot be turned back into the text they came from.
+        """
+        if token_id < self._ordinary:
+            return " " + WORDS[token_id % len(WORDS)]
+        return self._special_names[token_id - self._ordinary]
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """``token_str`` of every id, joined (special markers kept, as vLLM's default)."""
+        return "".join(self.token_str(token_id) for token_id in token_ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Filler text for generated ids: a space and one word per id."""

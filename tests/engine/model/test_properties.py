@@ -6,7 +6,7 @@ Invariants checked after every rule:
   equal to how often the block tables hold each block; freeing returns exactly the blocks;
 * replica: the queues, the request table and the pool agree; computed <= tokens; KV usage in
   [0, 1]; and every request finishes once the replica is driven to completion, with exactly
-  ``max_tokens`` tokens when it ignores EOS.
+  ``max_tokens`` tokens when it ignores EOS (a pooling request: one output, no token).
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ class ReplicaMachine(RuleBasedStateMachine):
                 max_tokens=data.draw(st.integers(1, third)),
                 ignore_eos=data.draw(st.booleans()),
                 priority=data.draw(st.integers(0, 2)),
+                pooling=data.draw(st.sampled_from([False, False, False, True])),
             )
             self.driver.add(new)
             self.live[rid] = new
@@ -210,6 +211,11 @@ class ReplicaMachine(RuleBasedStateMachine):
             if rid in self.aborted:
                 continue
             outs = self.driver.outputs[rid]
+            if new.pooling:  # one output, no token, when the prompt is computed
+                assert [(o.new_token_ids, o.finish_reason) for o in outs] == [
+                    ((), FinishReason.STOP)
+                ]
+                continue
             assert [o.num_output_tokens for o in outs] == list(range(1, len(outs) + 1))
             assert 1 <= len(outs) <= new.max_tokens
             if new.ignore_eos:

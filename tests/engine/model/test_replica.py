@@ -486,3 +486,74 @@ def test_stats_count_tokens_and_finishes() -> None:
     assert (stats.num_running, stats.num_waiting, stats.kv_cache_usage) == (0, 0, 0.0)
     assert (stats.num_gpu_blocks, stats.block_size) == (64, 16)
     assert stats.finished == {"stop": 0, "length": 2, "abort": 0}
+
+
+# -- pooling (prompt-only) requests -----------------------------------------------------------
+
+
+def pooling(request_id: str, prompt: tuple[int, ...]) -> NewRequest:
+    return NewRequest(request_id, prompt, max_tokens=1, pooling=True)
+
+
+def test_a_pooling_request_is_one_prefill_and_finishes_with_no_token() -> None:
+    model = make_replica(num_gpu_blocks_override=1024, max_num_batched_tokens=512)
+    driver = Driver(model)
+    driver.add(pooling("e", tokens(700, 100)))
+    first = model.plan_step(driver.now)
+    assert first is not None
+    assert first.batch == BatchShape.prefill(512, 0)  # chunked like any prompt
+    driver.now += first.duration
+    assert model.finish_step(first, driver.now) == []
+    outs = driver.step()
+    assert len(outs) == 1
+    out = outs[0]
+    assert out.new_token_ids == ()
+    assert out.finish_reason is FinishReason.STOP
+    assert (out.num_prompt_tokens, out.num_output_tokens, out.first_token) == (700, 0, False)
+    assert driver.plans[-1].batch == BatchShape.prefill(188, cached=512)
+    assert not model.has_work()
+    stats = model.stats()
+    assert (stats.prompt_tokens, stats.generation_tokens) == (700, 0)
+    assert stats.finished == {"stop": 1, "length": 0, "abort": 0}
+    assert stats.kv_cache_usage == 0.0
+    model.check_invariants()
+
+
+def test_pooling_requests_share_the_batch_with_decodes() -> None:
+    driver = Driver(make_replica())
+    driver.add(request("a", 20, max_tokens=5))
+    driver.step()
+    driver.add(pooling("e", tokens(40, 3000)))
+    outs = driver.step()
+    assert driver.plans[-1].batch == BatchShape.prefill(40, 0) + BatchShape.decode([21])
+    assert {o.request_id: o.new_token_ids == () for o in outs} == {"a": False, "e": True}
+    driver.run()
+    assert driver.model.stats().generation_tokens == 5
+
+
+def test_a_pooling_prompt_longer_than_the_context_is_refused() -> None:
+    model = make_replica(max_model_len=100)
+    with pytest.raises(ValueError, match=r"100 tokens.*101 tokens in the input for embedding"):
+        model.add_request(pooling("e", tokens(101)), 0.0)
+    model.add_request(pooling("ok", tokens(100)), 0.0)  # no room is kept for output
+
+
+def test_a_pooling_request_can_be_aborted_mid_prefill() -> None:
+    driver = Driver(make_replica(num_gpu_blocks_override=8, max_num_batched_tokens=16))
+    driver.add(pooling("e", tokens(100, 500)))
+    driver.step()
+    assert driver.model.abort("e", driver.now)
+    assert driver.model.stats().finished["abort"] == 1
+    driver.model.check_invariants()
+
+
+def test_siblings_added_together_hit_the_first_ones_blocks_in_the_same_step() -> None:
+    """``n`` sequences of one prompt: the first one's full blocks are registered when they are
+    allocated, so the others are prefilled from the cache in the very step it computes them."""
+    driver = Driver(make_replica())
+    prompt = tokens(70, 500)  # 4 full blocks + 6 tokens
+    for i in range(3):
+        driver.add(request(f"s{i}", prompt, max_tokens=2))
+    driver.step()
+    assert driver.plans[0].num_scheduled_tokens == {"s0": 70, "s1": 6, "s2": 6}
+    assert [driver.outputs[f"s{i}"][0].num_cached_tokens for i in range(3)] == [0, 64, 64]

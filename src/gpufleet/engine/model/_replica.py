@@ -113,15 +113,19 @@ class ReplicaModel:
     def add_request(self, request: NewRequest, now: float) -> None:
         """Queue ``request`` (arrival time ``now``); ``ValueError`` when it cannot be served."""
         self._validate(request)
-        draw = self._lengths.draw(
-            request.request_id, request.max_tokens, ignore_eos=request.ignore_eos
-        )
+        if request.pooling:
+            target, offset = 0, 0
+        else:
+            draw = self._lengths.draw(
+                request.request_id, request.max_tokens, ignore_eos=request.ignore_eos
+            )
+            target, offset = draw.target_output_tokens, draw.output_offset
         state = Request(
             request,
             arrival_time=now,
             seq=self._arrivals,
-            target_output_tokens=draw.target_output_tokens,
-            output_offset=draw.output_offset,
+            target_output_tokens=target,
+            output_offset=offset,
         )
         self._arrivals += 1
         self._requests[request.request_id] = state
@@ -210,13 +214,26 @@ class ReplicaModel:
                     False,
                 )
             )
+        pooled = 0
         for r, _ in plan.prefills:
             if r.status is running and r.num_computed_tokens == r.num_tokens:
-                outputs.append(self._sample(r, done))
+                if r.pooling:
+                    outputs.append(self._pool(r, done))
+                    pooled += 1
+                else:
+                    outputs.append(self._sample(r, done))
         if done:
             self._finish(done)
-        self._generation_tokens += len(outputs)
+        self._generation_tokens += len(outputs) - pooled
         return outputs
+
+    def _pool(self, r: Request, done: list[Request]) -> RequestOutput:
+        """Pooling request ``r`` has computed its prompt: it finishes, with no token."""
+        self._prompt_tokens += r.num_prompt_tokens
+        done.append(r)
+        return RequestOutput(
+            r.request_id, (), r.num_prompt_tokens, r.num_cached_tokens, 0, FinishReason.STOP, False
+        )
 
     def _sample(self, r: Request, done: list[Request]) -> RequestOutput:
         """``r`` has caught up with its tokens: it produces the next one."""
@@ -244,7 +261,9 @@ class ReplicaModel:
         for r in done:
             del self._requests[r.request_id]
             reason = (
-                FinishReason.LENGTH if r.num_output_tokens >= r.max_tokens else FinishReason.STOP
+                FinishReason.LENGTH
+                if r.num_output_tokens >= r.max_tokens and not r.pooling
+                else FinishReason.STOP
             )
             finished[reason.value] += 1
         self._scheduler.finish(done)
@@ -469,7 +488,10 @@ class ReplicaModel:
             assert not self._kv.blocks_of(r), f"{r} holds KV blocks"
         for r in self._requests.values():
             assert r.num_tokens == r.num_prompt_tokens + r.num_output_tokens, f"{r}: token count"
-            assert r.num_output_tokens < r.target_output_tokens <= r.max_tokens, f"{r}: output"
+            if r.pooling:
+                assert r.num_output_tokens == r.target_output_tokens == 0, f"{r}: output"
+            else:
+                assert r.num_output_tokens < r.target_output_tokens <= r.max_tokens, f"{r}: output"
         assert 0.0 <= self._kv.usage <= 1.0, "KV usage outside [0, 1]"
 
     # -- validation ---------------------------------------------------------------------
@@ -480,16 +502,24 @@ class ReplicaModel:
         prompt = request.prompt_token_ids
         if not prompt:
             raise ValueError("the prompt is empty: at least one prompt token is required")
-        if request.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {request.max_tokens}")
-        total = len(prompt) + request.max_tokens
-        if total > self._max_model_len:
-            raise ValueError(
-                f"This model's maximum context length is {self._max_model_len} tokens. "
-                f"However, you requested {total} tokens ({len(prompt)} in the messages, "
-                f"{request.max_tokens} in the completion). Please reduce the length of the "
-                "messages or completion."
-            )
+        if request.pooling:
+            if len(prompt) > self._max_model_len:
+                raise ValueError(
+                    f"This model's maximum context length is {self._max_model_len} tokens. "
+                    f"However, you requested {len(prompt)} tokens in the input for embedding "
+                    "generation. Please reduce the length of the input."
+                )
+        else:
+            if request.max_tokens < 1:
+                raise ValueError(f"max_tokens must be at least 1, got {request.max_tokens}")
+            total = len(prompt) + request.max_tokens
+            if total > self._max_model_len:
+                raise ValueError(
+                    f"This model's maximum context length is {self._max_model_len} tokens. "
+                    f"However, you requested {total} tokens ({len(prompt)} in the messages, "
+                    f"{request.max_tokens} in the completion). Please reduce the length of the "
+                    "messages or completion."
+                )
         vocab = self._config.model.vocab_size
         low, high = min(prompt), max(prompt)
         if low < 0 or high >= vocab:

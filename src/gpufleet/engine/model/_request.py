@@ -41,6 +41,7 @@ class Request:
         "num_prompt_tokens",
         "num_tokens",
         "output_offset",
+        "pooling",
         "priority",
         "prompt_bytes",
         "request_id",
@@ -61,7 +62,9 @@ class Request:
         self.request_id = new.request_id
         self.prompt_bytes = pack_tokens(new.prompt_token_ids)
         self.num_prompt_tokens = len(new.prompt_token_ids)
-        self.max_tokens = new.max_tokens
+        self.pooling = new.pooling
+        """Prompt-only: finishes when its prompt is computed, with no output token."""
+        self.max_tokens = 0 if new.pooling else new.max_tokens
         self.priority = new.priority
         self.arrival_time = arrival_time
         self.seq = seq

@@ -78,7 +78,13 @@ class FinishReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class NewRequest:
-    """A request as the engine receives it: tokenised prompt and sampling limits."""
+    """A request as the engine receives it: tokenised prompt and sampling limits.
+
+    A ``pooling`` request (an embedding) is prompt-only: it is scheduled and prefilled like
+    any other, and when its prompt is computed it finishes with one output that carries no
+    token (finish reason ``stop``), as vLLM's pooling requests do. ``max_tokens`` and
+    ``ignore_eos`` do not apply to it.
+    """
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -86,11 +92,13 @@ class NewRequest:
     ignore_eos: bool = False
     priority: int = 0
     """Under the ``priority`` policy, lower values run first (then earlier arrivals)."""
+    pooling: bool = False
 
 
 @dataclass(frozen=True, slots=True, init=False)
 class RequestOutput:
-    """What one request produced in one step: one per request that generated a token."""
+    """What one request produced in one step: one per request that generated a token, and
+    one (with no token) for a pooling request when its prompt is computed."""
 
     request_id: str
     new_token_ids: tuple[int, ...]

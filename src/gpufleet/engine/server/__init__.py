@@ -1,8 +1,9 @@
 """The sim engine server: vLLM's OpenAI-compatible HTTP API over one modelled replica."""
 
-from gpufleet.engine.server._app import SimEngine, create_app
+from gpufleet.engine.server._app import create_app
 from gpufleet.engine.server._clock import Clock, ScaledClock, VirtualClock
 from gpufleet.engine.server._config import FaultConfig, SimEngineConfig
+from gpufleet.engine.server._engine import SimEngine
 from gpufleet.engine.server._errors import ApiError
 from gpufleet.engine.server._faults import CRASH_EXIT_STATUS, Faults
 from gpufleet.engine.server._loop import EngineDeadError, EngineLoop, RequestStream

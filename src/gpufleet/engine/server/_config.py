@@ -24,7 +24,8 @@ class FaultConfig(BaseModel):
     slowdown: float = Field(default=1.0, gt=0, le=1000)
     """Multiply every modelled step time by this factor."""
     error_rate: float = Field(default=0.0, ge=0, le=1)
-    """Share of completion requests answered with a 500, drawn from the seeded RNG."""
+    """Share of the requests that run the model (completions, embeddings, responses) answered
+    with a 500, drawn from the seeded RNG."""
     unhealthy: bool = False
     """``GET /health`` answers 503."""
 

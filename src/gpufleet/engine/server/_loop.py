@@ -191,6 +191,8 @@ class EngineLoop:
                 else:
                     metrics.observe_itl(end - stream.last_token_at)
                 stream.last_token_at = end
+            elif stream.last_token_at is None:  # a pooling request's one output: vLLM
+                metrics.observe_ttft(max(0.0, end - stream.arrival))  # times it as a first token
             stream.outputs.append(output)
             if output.finish_reason is not None:
                 metrics.observe_e2e(max(0.0, end - stream.arrival))

@@ -17,6 +17,7 @@ chunk with empty ``choices`` when ``stream_options.include_usage`` is set, then
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -36,13 +37,17 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool | None = None
 
 
+MAX_N = 128
+"""The most sequences one request may ask for (``n``): OpenAI's own limit."""
+
+
 class _Sampling(_Request):
     """Fields both endpoints share; sampling knobs are accepted and ignored."""
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=_INT32)
     ignore_eos: bool = False
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -123,16 +128,30 @@ class Usage:
         }
 
 
-class ResponseShape:
-    """Byte fragments and bodies for one response of one endpoint."""
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One finished sequence of a response: its index among the ``n`` and its text."""
 
-    def __init__(self, *, chat: bool, response_id: str, created: int, model: str) -> None:
+    index: int
+    text: str
+    finish_reason: str
+    stop_reason: str | None = None
+
+
+class ResponseShape:
+    """Byte fragments and bodies for one response of one endpoint (choice ``index``)."""
+
+    def __init__(
+        self, *, chat: bool, response_id: str, created: int, model: str, index: int = 0
+    ) -> None:
         self.chat = chat
+        self.index = index
+        self._args = (response_id, created, model)
         self._meta = {"id": response_id, "created": created, "model": model}
         obj = "chat.completion.chunk" if chat else "text_completion"
         prefix = (
             f'data: {{"id":{_j(response_id)},"object":"{obj}","created":{created},'
-            f'"model":{_j(model)},"choices":[{{"index":0,'
+            f'"model":{_j(model)},"choices":[{{"index":{index},'
         )
         if chat:
             self.head = (prefix + '"delta":{"content":').encode()
@@ -145,6 +164,13 @@ class ResponseShape:
             self.head = (prefix + '"text":').encode()
             self.tail = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
             self.role_event = b""
+
+    def for_choice(self, index: int) -> ResponseShape:
+        """The same response's fragments for choice ``index`` (``n > 1``)."""
+        response_id, created, model = self._args
+        return ResponseShape(
+            chat=self.chat, response_id=response_id, created=created, model=model, index=index
+        )
 
     def final_tail(self, finish_reason: str, stop_reason: str | None) -> bytes:
         brace = "}" if self.chat else ""
@@ -167,21 +193,27 @@ class ResponseShape:
         }
         return b"data: " + _j(body).encode() + b"\n\n"
 
-    def full_body(
-        self, text: str, finish_reason: str, stop_reason: str | None, usage: Usage
-    ) -> bytes:
-        choice: dict[str, Any] = {"index": 0}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
-        else:
-            choice["text"] = text
-        choice |= {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+    def full_body(self, choices: Sequence[Choice], usage: Usage) -> bytes:
+        """The non-streaming body: every choice, in index order, and the usage."""
+        out: list[dict[str, Any]] = []
+        for choice in sorted(choices, key=lambda c: c.index):
+            entry: dict[str, Any] = {"index": choice.index}
+            if self.chat:
+                entry["message"] = {"role": "assistant", "content": choice.text, "tool_calls": []}
+            else:
+                entry["text"] = choice.text
+            entry |= {
+                "logprobs": None,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+            }
+            out.append(entry)
         body = {
             "id": self._meta["id"],
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self._meta["created"],
             "model": self._meta["model"],
-            "choices": [choice],
+            "choices": out,
             "usage": usage.as_dict(),
         }
         return _j(body).encode()

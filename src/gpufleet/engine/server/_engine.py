@@ -1,0 +1,96 @@
+"""One sim replica's state, shared by every route: model, loop, tokenizer, metrics and faults."""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+from gpufleet.engine._tokenizer import Tokenizer
+from gpufleet.engine.model import NewRequest, ReplicaModel
+from gpufleet.engine.server._clock import Clock
+from gpufleet.engine.server._config import SimEngineConfig
+from gpufleet.engine.server._errors import EngineUnavailableError, PromptTooLongError
+from gpufleet.engine.server._faults import Faults
+from gpufleet.engine.server._loop import EngineDeadError, EngineLoop, RequestStream
+from gpufleet.engine.server._metrics import EngineMetrics
+
+Scope = MutableMapping[str, Any]
+
+
+class SimEngine:
+    """Everything one sim replica holds: model, loop, tokenizer, metrics and faults."""
+
+    def __init__(self, config: SimEngineConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        replica = config.replica_config()
+        spec = replica.model
+        self.model = ReplicaModel(replica)
+        self.model.set_slowdown(config.faults.slowdown)
+        self.tokenizer = Tokenizer(spec.vocab_size)
+        self.hidden_size = spec.hidden_size
+        self.name = config.name
+        self.max_model_len = self.model.max_model_len
+        stats = self.model.stats()
+        self.metrics = EngineMetrics(
+            self.name,
+            self.model.stats,
+            {
+                "block_size": str(stats.block_size),
+                "num_gpu_blocks": str(stats.num_gpu_blocks),
+                "num_cpu_blocks": "0",
+                "cache_dtype": "auto",
+                "enable_prefix_caching": str(config.enable_prefix_caching),
+                "gpu_memory_utilization": str(config.gpu_memory_utilization),
+            },
+        )
+        self.loop = EngineLoop(self.model, clock, self.metrics)
+        self.faults = Faults(config.faults, random.Random(config.seed))
+        self._next_request = 0
+        self.created = int(time.time())
+
+    def new_request_id(self) -> str:
+        """The model's id for a request: unique in this process, deterministic per seed."""
+        self._next_request += 1
+        return str(self._next_request)
+
+    def response_id(self, prefix: str, scope: Scope) -> str:
+        """``prefix-<X-Request-Id>`` when the client sent one (as vLLM does), else random, as
+        vLLM's are: not drawn from ``--seed``, which every replica of a fleet shares, so two
+        replicas never answer with the same id."""
+        for key, value in scope["headers"]:
+            if key == b"x-request-id" and value:
+                return f"{prefix}-{value.decode('latin-1')}"
+        return f"{prefix}-{self.random_hex()}"
+
+    @staticmethod
+    def random_hex() -> str:
+        """128 random bits, as 32 hex digits."""
+        return secrets.token_hex(16)
+
+    def submit(self, requests: Iterable[NewRequest]) -> list[RequestStream]:
+        """Queue requests in the model, all or none; their streams, in order.
+
+        The model's refusal (a prompt too long, a bad token id) becomes a
+        ``PromptTooLongError`` and a stopped loop an ``EngineUnavailableError``; the requests
+        already queued are aborted first.
+        """
+        streams: list[RequestStream] = []
+        try:
+            for new in requests:
+                streams.append(self.loop.submit(new))
+        except (ValueError, EngineDeadError) as error:
+            for stream in streams:
+                self.loop.abort(stream.request_id)
+            if isinstance(error, EngineDeadError):
+                raise EngineUnavailableError(str(error)) from None
+            raise PromptTooLongError(str(error)) from None
+        return streams
+
+    def set_faults(self, patch: dict[str, Any]) -> dict[str, Any]:
+        config = self.faults.update(patch)
+        self.model.set_slowdown(config.slowdown)
+        return config.model_dump()
