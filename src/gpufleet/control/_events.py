@@ -21,7 +21,6 @@ from gpufleet.policy import (
     EjectionRecord,
     PoolView,
     ScaleDecision,
-    ScaleDirection,
     Standby,
     decision_record,
 )
@@ -206,16 +205,11 @@ class Ejected:
 @dataclass(frozen=True, slots=True)
 class Scale:
     """An autoscaling decision (one per decision, acting or not): ``decision`` and the
-    ``view`` it was made on. The shell acts when :attr:`acts` (promote standbys, serve
-    ``decision.desired``, drain ``decision.drain``) and logs/exports every one."""
+    ``view`` it was made on. The shell carries out its promotions, cold starts and drains,
+    and logs every one."""
 
     decision: ScaleDecision
     view: PoolView
-
-    @property
-    def acts(self) -> bool:
-        d = self.decision
-        return d.direction is not ScaleDirection.HOLD or bool(d.promote) or bool(d.drain)
 
 
 Command = Route | Reject | Probe | Ejected | Scale

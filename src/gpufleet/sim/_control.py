@@ -156,7 +156,6 @@ class Dispatch:
 class _Pending:
     request: TraceRequest
     prompt: tuple[int, ...]
-    routed: bool = False
 
 
 class SimControl:
@@ -210,9 +209,7 @@ class SimControl:
     # -- the registry ---------------------------------------------------------------------
 
     def _new(self, model: str, state: ReplicaState, *, incarnation: int | None) -> SimReplica:
-        n = self._named[model]
-        self._named[model] = n + 1
-        replica = SimReplica(ReplicaId(f"{model}-{n}"), model, state, incarnation=incarnation)
+        replica = SimReplica(self.next_name(model), model, state, incarnation=incarnation)
         self.replicas.by_id[replica.id] = replica
         return replica
 
