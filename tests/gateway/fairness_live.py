@@ -5,20 +5,21 @@ Used by ``tests/gateway/test_fairness_live.py`` and ``bench/fairness.py --live``
 work does not share the gateway's interpreter; real time scaled by ``time_scale``) behind
 the gateway with auth on (keys in a real SQLite store) and admission on; an asyncio client
 streams ``/v1/chat/completions`` with each tenant's key at Poisson times and measures time
-to the first content chunk.
+to the first content chunk, from one client process per tenant (``fairness_client.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import sys
 import time
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy import select
 
 from gpufleet.gateway._admission import AdmissionGate
@@ -57,29 +58,6 @@ class Outcome:
         }
 
 
-async def _one(http: httpx.AsyncClient, key: str, words: int, tokens: int, out: Outcome) -> None:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": " ".join(["word"] * words)}],
-        "max_tokens": tokens,
-        "stream": True,
-    }
-    sent = time.perf_counter()
-    async with http.stream(
-        "POST", "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
-    ) as response:
-        out.statuses[response.status_code] = out.statuses.get(response.status_code, 0) + 1
-        if response.status_code != 200:
-            await response.aread()
-            return
-        first = None
-        async for line in response.aiter_lines():
-            if first is None and line.startswith("data: {") and '"content"' in line:
-                first = time.perf_counter() - sent
-        if first is not None:
-            out.ttft.append(first)
-
-
 @dataclass
 class GateWatch:
     """The gate's queue and running count, sampled every 10 ms while a phase runs."""
@@ -95,23 +73,42 @@ class GateWatch:
             await asyncio.sleep(0.01)
 
 
+async def _client(job: dict[str, Any]) -> dict[str, Any]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.gateway.fairness_client",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await process.communicate(json.dumps(job).encode())
+    assert process.returncode == 0, f"fairness client exited {process.returncode}"
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
 async def _send(
     url: str, plan: list[tuple[float, str, str]], words: int, tokens: int, watch: GateWatch
 ) -> dict[str, Outcome]:
-    outcomes: dict[str, Outcome] = {}
-    limits = httpx.Limits(max_connections=500, max_keepalive_connections=500)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
-        watcher = asyncio.create_task(watch.run())
-        start = time.perf_counter()
-        tasks = []
-        for at, tenant, key in plan:
-            delay = start + at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            out = outcomes.setdefault(tenant, Outcome())
-            tasks.append(asyncio.create_task(_one(http, key, words, tokens, out)))
-        await asyncio.gather(*tasks)
+    """Each tenant's requests from its own client process (fairness_client.py), all
+    starting together a second from now (the processes import httpx meanwhile)."""
+    tenants = sorted({tenant for _, tenant, _ in plan})
+    start_at = time.time() + 1.0
+    jobs = [
+        {
+            "url": url, "model": MODEL, "start_at": start_at, "words": words, "tokens": tokens,
+            "plan": [step for step in plan if step[1] == tenant],
+        }
+        for tenant in tenants
+    ]  # fmt: skip
+    watcher = asyncio.create_task(watch.run())
+    try:
+        results = await asyncio.gather(*(_client(job) for job in jobs))
+    finally:
         watcher.cancel()
+    outcomes: dict[str, Outcome] = {}
+    for result in results:
+        for tenant, seen in result.items():
+            outcomes[tenant] = Outcome(
+                seen["ttft"], {int(code): n for code, n in seen["statuses"].items()}
+            )
     return outcomes
 
 

@@ -16,11 +16,12 @@ from pathlib import Path
 from tests.gateway.fairness_live import run_live
 
 JITTER_MS = 30.0
-"""Slack on the bar. The P99 of ~16 light requests is their slowest, and on a 2-core machine
-shared with other jobs the one interpreter that runs the gateway and the client stalls for
-tens of ms at times: a run measured 53.5 ms beside the heavy tenant against 17.4 ms alone
-while the light tenant's wait in the gate was at most 1 ms. The gate wait, the policy's
-part, is asserted without slack below."""
+"""Slack on the bar. The P99 of ~16 light requests is their slowest, and a 2-core machine
+shared with other jobs stalls a process for tens of ms at times. The clients run in their own
+processes (one per tenant), so parsing the heavy tenant's streams no longer stalls the light
+tenant's clock: runs measure 18-24 ms beside the heavy tenant against 17-18 ms alone, two CPU
+hogs beside them included (in one shared interpreter CI once measured 74.7 ms against 17.4).
+The gate wait, the policy's part, is asserted without slack below."""
 
 
 def test_a_light_tenant_beside_a_10x_heavy_one_keeps_its_ttft(tmp_path: Path) -> None:
