@@ -11,6 +11,7 @@ to the first content chunk, from one client process per tenant (``fairness_clien
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import random
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from gpufleet.gateway._admission import AdmissionGate
+from gpufleet.control import PoolController
 from gpufleet.store import TenantSettings
 from gpufleet.store._schema import usage
 from tests.gateway.conftest import MODEL
@@ -60,16 +61,17 @@ class Outcome:
 
 @dataclass
 class GateWatch:
-    """The gate's queue and running count, sampled every 10 ms while a phase runs."""
+    """The pool controller's queue and running count, sampled every 10 ms while a phase
+    runs."""
 
-    gate: AdmissionGate
+    pool: PoolController
     queue_max: int = 0
     in_flight_max: int = 0
 
     async def run(self) -> None:
         while True:
-            self.queue_max = max(self.queue_max, len(self.gate.queue))
-            self.in_flight_max = max(self.in_flight_max, self.gate.in_flight)
+            self.queue_max = max(self.queue_max, self.pool.queued)
+            self.in_flight_max = max(self.in_flight_max, self.pool.in_flight)
             await asyncio.sleep(0.01)
 
 
@@ -112,6 +114,20 @@ async def _send(
     return outcomes
 
 
+def _queued_arrivals(lines: str, tenant: str) -> int:
+    """``tenant``'s arrivals in a decision log that did not start at once (no route for
+    them among their own event's commands)."""
+    queued = 0
+    for text in lines.splitlines():
+        line = json.loads(text)
+        event = line["event"]
+        if event["kind"] != "arrived" or event["tenant"] != tenant:
+            continue
+        if not any(c["do"] == "route" and c["id"] == event["id"] for c in line["commands"]):
+            queued += 1
+    return queued
+
+
 def run_live(
     tmp: Path,
     *,
@@ -143,7 +159,8 @@ def run_live(
             stack.enter_context(replica_process(max_num_seqs, time_scale, seed + i))
             for i in range(replicas)
         ]
-        gw = stack.enter_context(serve_tenant_gateway(tmp, config, urls))
+        recording = io.StringIO()  # the controller's decisions: who started at once
+        gw = stack.enter_context(serve_tenant_gateway(tmp, config, urls, record=recording))
         keys = {}
         for tenant in ("light", "heavy"):
             _, keys[tenant] = gw.store.create_key(tenant, TenantSettings())
@@ -158,10 +175,10 @@ def run_live(
 
         light = arrivals("light", light_rate)
         heavy = arrivals("heavy", 10 * light_rate)
-        gate = gw.tenancy.gates[MODEL]
-        watch_alone, watch_both = GateWatch(gate), GateWatch(gate)
+        watch_alone, watch_both = GateWatch(gw.pool), GateWatch(gw.pool)
         alone = asyncio.run(_send(gw.url, light, words, tokens, watch_alone))
         second_phase = time.time()
+        first_phase_end = len(recording.getvalue())
         both = asyncio.run(_send(gw.url, sorted(light + heavy), words, tokens, watch_both))
         gw.flush()
         with gw.store.engine.connect() as db:
@@ -171,6 +188,7 @@ def run_live(
                 )
             ).all()
         light_queue = sorted(row.queue_s or 0.0 for row in rows)
+        light_queued = _queued_arrivals(recording.getvalue()[first_phase_end:], "light")
     a, b = alone["light"].p(0.99), both["light"].p(0.99)
     return {
         "inputs": {
@@ -200,6 +218,8 @@ def run_live(
                 # The light tenant's wait in the gate, from the ledger: the policy's share
                 # of its TTFT (the rest is the engines and the machine).
                 "light_queue_ms_max": round(max(light_queue, default=0.0) * 1000, 2),
+                # light arrivals the controller queued rather than started at once
+                "light_queued": light_queued,
             },
         },
         "light_ttft_p99_ratio": None if not a or b is None else round(b / a, 3),

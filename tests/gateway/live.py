@@ -13,14 +13,14 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._up_cmd import RuntimeActuator, RuntimeReplicas, pool_spec
 from gpufleet.config import FleetConfig, parse_fleet
-from gpufleet.gateway import SERVER_OPTIONS, Gateway, create_gateway
+from gpufleet.gateway import SERVER_OPTIONS, Gateway, Tenancy, create_gateway
 from gpufleet.runtime import LocalRuntime, RuntimeSettings, RuntimeSnapshot
 
 SETTINGS = RuntimeSettings(
@@ -52,7 +52,7 @@ class LiveFleet:
     async def routable(self, model: str, count: int, timeout: float = 30.0) -> None:
         """Wait until the gateway routes to exactly ``count`` replicas of ``model``."""
         async with asyncio.timeout(timeout):
-            while len(self.gateway.fleet.view.routable(model)) != count:
+            while len(self.gateway.control.pools[model].routable()) != count:
                 await asyncio.sleep(0.02)
 
 
@@ -61,13 +61,27 @@ def fleet_file(data: dict[str, Any]) -> FleetConfig:
 
 
 @contextlib.asynccontextmanager
-async def live_fleet(config: FleetConfig, run_dir: Path) -> AsyncIterator[LiveFleet]:
+async def live_fleet(
+    config: FleetConfig,
+    run_dir: Path,
+    *,
+    tenancy: Tenancy | None = None,
+    record: IO[str] | None = None,
+) -> AsyncIterator[LiveFleet]:
+    """``tenancy``: auth and admission on; ``record``: the gateway's control events go there."""
     registry = CollectorRegistry()
     pools = [pool_spec(m, config.gateway.seed) for m in config.models]
     async with LocalRuntime(pools, run_dir=run_dir, settings=SETTINGS, registry=registry) as rt:
         async with asyncio.timeout(60):
             await rt.wait_for(RuntimeSnapshot.all_ready)
-        app = create_gateway(config, RuntimeReplicas(rt), registry, actuator=RuntimeActuator(rt))
+        app = create_gateway(
+            config,
+            RuntimeReplicas(rt),
+            registry,
+            actuator=RuntimeActuator(rt),
+            tenancy=tenancy,
+            record=record,
+        )
         sock = socket.create_server(("127.0.0.1", 0))
         server = uvicorn.Server(
             uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **SERVER_OPTIONS)

@@ -114,8 +114,8 @@ def run_load(
 
             async def watch() -> None:
                 while True:
-                    view = gw.app.fleet.view
-                    seen = {r.id: r.state for r in view.replicas()}
+                    pools = gw.app.control.pools.values()
+                    seen = {r.id: r.state for p in pools for r in p.view.replicas()}
                     load.states.append((loop.time() - start, seen))
                     await asyncio.sleep(0.05)
 

@@ -21,7 +21,7 @@ shared with other jobs stalls a process for tens of ms at times. The clients run
 processes (one per tenant), so parsing the heavy tenant's streams no longer stalls the light
 tenant's clock: runs measure 18-24 ms beside the heavy tenant against 17-18 ms alone, two CPU
 hogs beside them included (in one shared interpreter CI once measured 74.7 ms against 17.4).
-The gate wait, the policy's part, is asserted without slack below."""
+The policy's part, that no light request waits for a slot, is asserted exactly below."""
 
 
 def test_a_light_tenant_beside_a_10x_heavy_one_keeps_its_ttft(tmp_path: Path) -> None:
@@ -38,7 +38,10 @@ def test_a_light_tenant_beside_a_10x_heavy_one_keeps_its_ttft(tmp_path: Path) ->
     # The heavy tenant saturates the pool: it queues at the gateway and waits there.
     assert gate["queue_max"] > 20
     assert heavy["ttft_ms"]["p50"] > 10 * light["ttft_ms"]["p50"]
-    # The light tenant never waits for a slot: it starts in the reserve at once.
-    assert gate["light_queue_ms_max"] < 10
+    # The light tenant never waits for a slot: it starts in the reserve at once (the pool
+    # controller's own decisions, recorded; its wait in the ledger also holds the body read,
+    # auth and quota, which a loaded 2-core machine stretches past 10 ms at times).
+    assert gate["light_queued"] == 0
+    assert gate["light_queue_ms_max"] < 50
     # The bar: light TTFT P99 beside the heavy tenant within 2× of alone (+ jitter slack).
     assert light["ttft_ms"]["p99"] <= 2 * alone["ttft_ms"]["p99"] + JITTER_MS, result

@@ -107,7 +107,7 @@ def test_a_client_that_leaves_while_queued_gives_its_place_back(tmp_path: Path) 
     with serve_app(create_app(slow)) as a, serve_tenant_gateway(tmp_path, config, [a]) as gw:
         _, key = gw.store.create_key("leaver", TenantSettings(concurrency=2))
         gw.tenancy.reload()
-        gate = gw.tenancy.gates[MODEL]
+        pool = gw.pool
         attempts = "gpufleet:gateway_upstream_attempts_total"
         with openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0) as c:
             stream = c.chat.completions.create(
@@ -117,14 +117,14 @@ def test_a_client_that_leaves_while_queued_gives_its_place_back(tmp_path: Path) 
                 stream=True,
             )
             next(iter(stream))
-            assert gate.saturated()
+            assert gw.saturated()
             port = int(gw.url.rsplit(":", 1)[1])
             queued = _raw_post(port, _CHAT % (MODEL.encode(), b', "stream": true'), key)
-            eventually(lambda: len(gate.queue), 1)
+            eventually(lambda: pool.queued, 1)
             quota = gw.tenancy.quotas.local("leaver")
             assert quota.running == 2
             queued.close()
-            eventually(lambda: len(gate.queue), 0, within=1.0)  # at once, not at the deadline
+            eventually(lambda: pool.queued, 0, within=1.0)  # at once, not at the deadline
             eventually(lambda: quota.running, 1, within=1.0)  # its lease is given back
             stream.close()  # the slot frees: no one is waiting for it
         time.sleep(0.3)
@@ -134,7 +134,7 @@ def test_a_client_that_leaves_while_queued_gives_its_place_back(tmp_path: Path) 
         eventually(
             lambda: gw.sample("gpufleet:gateway_requests_total", model=MODEL, status="499"), 2
         )
-        assert gate.in_flight == 0
+        assert pool.in_flight == 0
 
 
 def test_a_trickled_request_body_gets_408_and_the_connection_closes() -> None:

@@ -1,24 +1,22 @@
 """One running-batch cap per pool: the ``--max-num-seqs`` of the model's ``args``.
 
-The gateway's admission gate, the pool's autoscaler and the simulator's replicas all judge a
-pool by ``ModelConfig.max_num_seqs``; a pool running ``--max-num-seqs 8`` is full at 8
-everywhere, not at vLLM's 256.
+The pool controller's admission (the gateway's), the pool's autoscaler and the simulator's
+replicas all judge a pool by ``ModelConfig.max_num_seqs``; a pool running ``--max-num-seqs
+8`` is full at 8 everywhere, not at vLLM's 256.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpufleet.config import FleetConfig, FleetFileError, parse_fleet
+from gpufleet.control import PoolController, PoolSettings
 from gpufleet.fleet import FleetView, ReplicaId, ReplicaLoad, ReplicaState, ReplicaView
-from gpufleet.gateway._tenancy import Tenancy
 from gpufleet.policy import AutoscalePolicy, PoolView
 from gpufleet.sim import FleetSimulation, SimOptions
 from gpufleet.sim._simulate import replica_config
-from gpufleet.store import Store
 
 MODEL = "llama-3.1-8b"
 SEQS = 8
@@ -73,24 +71,19 @@ def _replicas(running: int, observed: bool = True) -> tuple[ReplicaView, ...]:
     )
 
 
-def test_the_live_gate_is_saturated_at_the_pools_cap(tmp_path: Path) -> None:
+def test_the_pool_controllers_admission_is_saturated_at_the_pools_cap() -> None:
     config = fleet(["--max-num-seqs", str(SEQS)], tenants={"auth": True})
-    store = Store.open(f"sqlite:///{tmp_path / 'gpufleet.db'}")
-    tenancy = Tenancy(config, store, journal=store.journal(tmp_path / "journal"))
-    view = FleetView.of(0.0, _replicas(0, observed=False))
-    tenancy.open(lambda: view)
-    try:
-        gate = tenancy.gates[MODEL]
-        gate.pool.in_flight = 2 * (SEQS - 1)  # the own count: 7 a replica
-        assert not gate.saturated()
-        gate.pool.in_flight += 1  # 8 on the fuller one (rounded up)
-        assert gate.saturated()
-        scraped = FleetView.of(1.0, _replicas(SEQS))  # the scrape says 8 running on each
-        view = scraped
-        gate.pool.in_flight = 0
-        assert gate.saturated()
-    finally:
-        tenancy.close()
+    pool = PoolController(PoolSettings.of(config, config.models[0]))  # what the gateway runs
+    admission = pool.admission
+    assert admission is not None
+    unscraped = FleetView.of(0.0, _replicas(0, observed=False)).routable(MODEL)
+    admission.in_flight = 2 * (SEQS - 1)  # the own count: 7 a replica
+    assert not admission.saturated(unscraped)
+    admission.in_flight += 1  # 8 on the fuller one (rounded up)
+    assert admission.saturated(unscraped)
+    scraped = FleetView.of(1.0, _replicas(SEQS)).routable(MODEL)  # 8 running on each
+    admission.in_flight = 0
+    assert admission.saturated(scraped)
 
 
 def test_the_autoscaler_is_saturated_at_the_pools_cap() -> None:

@@ -8,9 +8,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._up_cmd import spare_warnings
+from gpufleet.config import FleetConfig
+from gpufleet.control import Event, PoolController, PoolSettings, Replicas, ReplicaSeen, Tick
 from gpufleet.fleet import ReplicaId, ReplicaState
-from gpufleet.gateway import GatewayMetrics, Upstream
-from gpufleet.gateway._state import FleetState
+from gpufleet.gateway import GatewayMetrics
+from gpufleet.gateway._views import ViewExport
 from gpufleet.runtime import EngineKind, RuntimeSnapshot
 from gpufleet.runtime._reconcile import Phase
 from gpufleet.runtime._snapshot import ReplicaStatus
@@ -19,38 +21,50 @@ from tests.gateway.conftest import MODEL, fleet
 NAMES = [ReplicaId(f"{MODEL}-{i}") for i in range(3)]
 
 
-def _replicas(*states: ReplicaState) -> list[Upstream]:
-    return [
-        Upstream(name, MODEL, f"http://127.0.0.1:{9000 + i}", state)
-        for i, (name, state) in enumerate(zip(NAMES, states, strict=False))
-    ]
+def _replicas(*states: ReplicaState, incarnation: str = "a") -> Replicas:
+    return Replicas(
+        MODEL,
+        tuple(
+            ReplicaSeen(name, state, f"http://127.0.0.1:{9000 + i}/{incarnation}")
+            for i, (name, state) in enumerate(zip(NAMES, states, strict=False))
+        ),
+    )
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
+class _Shown:
+    """A pool controller and the gateway's export of its view (the gateway's ``_after``)."""
+
+    def __init__(self, config: FleetConfig, registry: CollectorRegistry) -> None:
+        self.pool = PoolController(PoolSettings.of(config, config.models[0], admission=False))
+        self.views = ViewExport(config, GatewayMetrics(registry))
+
+    def handle(self, now: float, event: Event) -> None:
+        self.pool.handle(now, event)
+        self.views.export(MODEL, self.pool.view)
+
+
 def test_losing_the_spare_warns_once_per_transition(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="gpufleet.gateway")
     registry = CollectorRegistry()
     config = fleet(replicas=3, health={"active": {"enabled": False}})
-    state = FleetState(config, GatewayMetrics(registry), lambda: 0.0, lambda: None)
+    shown = _Shown(config, registry)
 
     def gauge() -> float | None:
         return registry.get_sample_value("gpufleet:gateway_pool_without_spare", {"model": MODEL})
 
     ready, failed = ReplicaState.READY, ReplicaState.FAILED
-    state.set_replicas(_replicas(ready, ready, ready))
-    assert not _warnings(caplog)  # not judged until the health policy has decided
-    state.decide(0.0)  # new processes: STARTING, then judged by the next decision
-    state.decide(0.1)
+    # new processes: STARTING for the first decision, then judged by the second (at once)
+    shown.handle(0.0, _replicas(ready, ready, ready))
     assert gauge() == 0
-    assert state.spare[MODEL] is True
+    assert shown.views.spare[MODEL] is True
     assert not _warnings(caplog)
 
-    state.set_replicas(_replicas(ready, failed, ready))
-    state.decide(1.0)
-    state.refresh(2.0)
+    shown.handle(1.0, _replicas(ready, failed, ready))
+    shown.handle(2.0, Tick())
     assert gauge() == 1
     (warning,) = _warnings(caplog)
     assert warning == (
@@ -58,13 +72,11 @@ def test_losing_the_spare_warns_once_per_transition(caplog: pytest.LogCaptureFix
         "2 routable, 2 needed + 1 spare"
     )
 
-    state.set_replicas(_replicas(ready, ready, ready))
-    state.decide(3.0)
+    shown.handle(3.0, _replicas(ready, ready, ready))
     assert gauge() == 0
     assert any("spare replica again" in r.getMessage() for r in caplog.records)
 
-    state.set_replicas(_replicas(ready, ready, failed))
-    state.decide(4.0)
+    shown.handle(4.0, _replicas(ready, ready, failed))
     assert len(_warnings(caplog)) == 2
 
 
@@ -72,14 +84,13 @@ def test_a_pool_without_a_spare_from_the_start_warns_once_judged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     config = fleet(replicas=1)  # active checks on: STARTING until the first probe answers
-    state = FleetState(config, GatewayMetrics(CollectorRegistry()), lambda: 0.0, lambda: None)
-    state.set_replicas(_replicas(ReplicaState.READY))
-    state.decide(0.0)
+    shown = _Shown(config, CollectorRegistry())
+    shown.handle(0.0, _replicas(ReplicaState.READY))
     assert not _warnings(caplog)  # probing: still starting
-    assert state.spare[MODEL] is None
-    state.set_replicas(_replicas(ReplicaState.FAILED))
+    assert shown.views.spare[MODEL] is None
+    shown.handle(0.5, _replicas(ReplicaState.FAILED))
     assert len(_warnings(caplog)) == 1
-    state.refresh(1.0)
+    shown.handle(1.0, Tick())
     assert len(_warnings(caplog)) == 1
 
 

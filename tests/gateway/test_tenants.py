@@ -276,7 +276,7 @@ def test_a_saturated_pool_queues_and_answers_503_at_the_deadline(tmp_path: Path)
                 stream=True,
             )
             next(iter(stream))
-            assert gw.tenancy.gates[MODEL].saturated()
+            assert gw.saturated()
             with pytest.raises(openai.InternalServerError) as raised:
                 chat(c, extra_headers={"x-gpufleet-deadline-ms": "200"})
             assert raised.value.status_code == 503

@@ -14,13 +14,14 @@ Deployment, found through their EndpointSlices and scaled through ``deployments/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import IO, Annotated, Protocol
 
 import typer
 from prometheus_client import CollectorRegistry
@@ -180,6 +181,12 @@ def up(
         RuntimeKind | None,
         typer.Option(help="Where the replicas run (default: the file's `runtime`)."),
     ] = None,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write every control event and decision here (JSON lines; `gpufleet replay`)."
+        ),
+    ] = None,
 ) -> None:
     """Start the fleet's replicas and serve the OpenAI-compatible gateway until Ctrl-C.
 
@@ -200,13 +207,21 @@ def up(
             raise ValueError(
                 f"cannot listen on {bind_host}:{bind_port}: {error.strerror}"
             ) from None
-    if (runtime or config.runtime.kind) is RuntimeKind.KUBERNETES:
+        try:
+            recording = None if record is None else record.open("w", encoding="utf-8")
+        except OSError as error:
+            sock.close()
+            raise ValueError(f"cannot write the recording {record}: {error.strerror}") from None
+    with contextlib.ExitStack() as stack:
+        if recording is not None:
+            stack.enter_context(recording)
+        if (runtime or config.runtime.kind) is RuntimeKind.KUBERNETES:
+            with sock, asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                runner.run(_serve_in_cluster(config, pools, sock, recording))
+            return
+        logs = run_dir or Path(tempfile.mkdtemp(prefix="gpufleet-run-"))
         with sock, asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(_serve_in_cluster(config, pools, sock))
-        return
-    logs = run_dir or Path(tempfile.mkdtemp(prefix="gpufleet-run-"))
-    with sock, asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_serve(config, pools, sock, logs))
+            runner.run(_serve(config, pools, sock, logs, recording))
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -244,7 +259,11 @@ def spare_warnings(config: FleetConfig, snapshot: RuntimeSnapshot) -> list[str]:
 
 
 async def _serve(
-    config: FleetConfig, pools: list[PoolSpec], sock: socket.socket, run_dir: Path
+    config: FleetConfig,
+    pools: list[PoolSpec],
+    sock: socket.socket,
+    run_dir: Path,
+    record: IO[str] | None = None,
 ) -> None:
     # the gateway's and the runtime's warnings (N+1 lost, a replica restarted) on stderr
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
@@ -281,7 +300,10 @@ async def _serve(
             registry,
             actuator=RuntimeActuator(runtime) if scaled else None,
             tenancy=tenancy,
+            record=record,
         )
+        if record is not None:
+            typer.echo(f"recording control events to {record.name}")
         await _serve_gateway(config, app, sock)
         typer.echo("gateway stopped; draining replicas")
         await asyncio.Event().wait()  # the signal the server raises again stops the runtime
@@ -306,7 +328,10 @@ async def _serve_gateway(config: FleetConfig, app: Gateway, sock: socket.socket)
 
 
 async def _serve_in_cluster(
-    config: FleetConfig, pools: list[PoolSpec], sock: socket.socket
+    config: FleetConfig,
+    pools: list[PoolSpec],
+    sock: socket.socket,
+    record: IO[str] | None = None,
 ) -> None:
     """Operator mode: the pools' pods, found and scaled through the Kubernetes API."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
@@ -333,7 +358,7 @@ async def _serve_in_cluster(
             api, namespace, cluster_pools(pools), settings=operator, leader=leader
         ) as runtime:
             export_leadership(runtime, registry)
-            await _serve_operator(config, runtime, registry, sock, scaled=scaled)
+            await _serve_operator(config, runtime, registry, sock, scaled=scaled, record=record)
     typer.echo("stopped")
 
 
@@ -344,6 +369,7 @@ async def _serve_operator(
     sock: socket.socket,
     *,
     scaled: bool,
+    record: IO[str] | None = None,
 ) -> None:
     """The gateway in front of the discovered pods, until its server is told to stop."""
     try:
@@ -361,6 +387,7 @@ async def _serve_operator(
         registry,
         actuator=ClusterActuator(runtime) if scaled else None,
         tenancy=open_tenancy(config),
+        record=record,
     )
     # the server handles SIGINT/SIGTERM while it serves and raises the signal again once
     # it has shut down: absorb that one, so the block ends normally (pods keep running)

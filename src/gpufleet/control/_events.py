@@ -153,7 +153,8 @@ Event = (
 class Route:
     """Send request ``request_id`` to ``replica`` (``retry``: not its first attempt).
 
-    ``policy``, ``panic`` and ``matched`` say how the router chose (metrics)."""
+    ``policy``, ``panic`` and ``matched`` say how the router chose, ``held`` that it waited
+    for a replica at an empty pool first (metrics)."""
 
     request_id: str
     replica: ReplicaId
@@ -161,6 +162,7 @@ class Route:
     policy: str = ""
     panic: bool = False
     matched: int = 0
+    held: bool = False
 
 
 class RejectReason:

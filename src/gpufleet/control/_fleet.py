@@ -7,8 +7,8 @@
     control.next_wakeup()
     control.log = DecisionLog(open("run.jsonl", "w"))   # record: every event, its commands
 
-A recording is JSON lines: a header (the fleet file as JSON, the seed and the admission
-switch, so a replay needs nothing else), then one line per event::
+A recording is JSON lines: a header (the fleet file as JSON, the seed, the admission and
+autoscale switches, so a replay needs nothing else), then one line per event::
 
     {"t": 12.5, "event": {"kind": "arrived", ...}, "commands": [{"do": "route", ...}]}
 
@@ -47,11 +47,21 @@ class DecisionLog:
     def __init__(self, out: IO[str]) -> None:
         self._out = out
 
-    def header(self, fleet: FleetConfig, *, seed: int, admission: bool) -> None:
+    def header(
+        self,
+        fleet: FleetConfig,
+        *,
+        seed: int,
+        admission: bool,
+        autoscale: bool,
+        autoscale_interval: float,
+    ) -> None:
         head = {
             "gpufleet_recording": RECORDING_VERSION,
             "seed": seed,
             "admission": admission,
+            "autoscale": autoscale,
+            "autoscale_interval": autoscale_interval,
             "fleet": fleet.model_dump(mode="json"),
         }
         self._out.write(json.dumps(head) + "\n")
@@ -87,6 +97,7 @@ class FleetController:
         *,
         seed: int | None = None,
         admission: bool | None = None,
+        autoscale: bool = True,
         autoscale_interval: float | None = None,
     ) -> FleetController:
         pools = {
@@ -96,6 +107,7 @@ class FleetController:
                     m,
                     seed=seed,
                     admission=admission,
+                    autoscale=autoscale,
                     autoscale_interval=autoscale_interval,
                 )
             )
@@ -107,10 +119,26 @@ class FleetController:
     def admission(self) -> bool:
         return any(p.admission is not None for p in self.pools.values())
 
+    @property
+    def autoscale(self) -> bool:
+        """Whether scaling decisions are made (the fleet file's ``autoscale`` pools, unless
+        built with ``autoscale=False``)."""
+        return all(
+            (p.autoscaler is not None) == (m.autoscale is not None)
+            for p, m in zip(self.pools.values(), self.fleet.models, strict=True)
+        )
+
     def record(self, out: IO[str]) -> None:
         """Write every event from now on to ``out`` (after a header)."""
         log = DecisionLog(out)
-        log.header(self.fleet, seed=self.seed, admission=self.admission)
+        intervals = {p.settings.autoscale_interval for p in self.pools.values()}
+        log.header(
+            self.fleet,
+            seed=self.seed,
+            admission=self.admission,
+            autoscale=self.autoscale,
+            autoscale_interval=intervals.pop() if len(intervals) == 1 else 1.0,
+        )
         self.log = log
 
     def handle(self, now: float, event: Event) -> list[Command]:
@@ -172,7 +200,13 @@ def replay(
     each line with the commands the controller gives now."""
     if fleet is None:
         fleet = FleetConfig.model_validate(head["fleet"])
-    control = FleetController.of(fleet, seed=int(head["seed"]), admission=bool(head["admission"]))
+    control = FleetController.of(
+        fleet,
+        seed=int(head["seed"]),
+        admission=bool(head["admission"]),
+        autoscale=bool(head.get("autoscale", True)),
+        autoscale_interval=head.get("autoscale_interval"),
+    )
     for line in lines:
         commands = control.handle(line.t, line.event)
         yield line, [command_to_json(c) for c in commands]

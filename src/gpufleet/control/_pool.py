@@ -119,6 +119,8 @@ class PoolCounters:
     shed: int = 0
     expired: int = 0
     held: int = 0
+    hold_served: int = 0
+    """Held requests routed once a replica became routable."""
     hold_timeouts: int = 0
 
 
@@ -378,11 +380,13 @@ class PoolController:
         replica = candidates.pop(0)
         matched = ranking.matched(replica)
         self.counters.matched_blocks += matched
+        held = req.phase == _HELD
+        if held:
+            self.counters.hold_served += 1
         req.candidates = candidates
         self._start(now, req, replica, retry=False)
-        out.append(
-            Route(req.request.request_id, replica, False, ranking.policy, ranking.panic, matched)
-        )
+        rid = req.request.request_id
+        out.append(Route(rid, replica, False, ranking.policy, ranking.panic, matched, held))
 
     def _start(self, now: float, req: _Request, replica: ReplicaId, *, retry: bool) -> None:
         req.phase, req.replica, req.retry = _ROUTED, replica, retry

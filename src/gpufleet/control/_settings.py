@@ -44,10 +44,12 @@ class PoolSettings:
         *,
         seed: int | None = None,
         admission: bool | None = None,
+        autoscale: bool = True,
         autoscale_interval: float | None = None,
     ) -> PoolSettings:
         """``model``'s pool of ``fleet``; ``admission`` defaults to ``tenants.auth`` (the
-        gateway queues only with auth on), ``seed`` to ``gateway.seed``."""
+        gateway queues only with auth on), ``seed`` to ``gateway.seed``; ``autoscale=False``:
+        nothing acts on scaling decisions (a gateway without an actuator), so none is made."""
         gateway = fleet.gateway
         admitting = fleet.tenants.auth if admission is None else admission
         return cls(
@@ -59,7 +61,7 @@ class PoolSettings:
             retry=gateway.retry,
             max_num_seqs=model.max_num_seqs,
             admission=fleet.tenants.admission if admitting else None,
-            autoscale=model.autoscale,
+            autoscale=model.autoscale if autoscale else None,
             autoscale_interval=(
                 gateway.autoscaler.interval if autoscale_interval is None else autoscale_interval
             ),

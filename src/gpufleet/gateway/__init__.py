@@ -3,16 +3,13 @@
 ``create_gateway(config, replica_source, registry)`` returns a pure ASGI app (docs/gateway.md).
 The replicas come from a :class:`ReplicaSource` the shell feeds (``gpufleet up`` adapts the
 local runtime); upstream requests go through one seam, :class:`ReplicaClient`. Models with
-``autoscale`` are scaled by the gateway's :class:`AutoscaleController` through a
+``autoscale`` are scaled as their pool controllers decide (``gpufleet.control``), through a
 :class:`ScaleActuator` (``gpufleet up``: the local runtime).
 """
 
 from gpufleet.gateway._app import SERVER_OPTIONS, Gateway, create_gateway
-from gpufleet.gateway._autoscale import (
-    AutoscaleController,
-    AutoscaleMetrics,
-    ScaleActuator,
-)
+from gpufleet.gateway._autoscale import AutoscaleMetrics, ScaleActuator, ScaleExecutor
+from gpufleet.gateway._control import LiveControl
 from gpufleet.gateway._errors import (
     BadRequestError,
     GatewayError,
@@ -27,7 +24,6 @@ from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, StaticReplicas, Upstream
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._server import GatewayServer
-from gpufleet.gateway._state import no_spare_message, required_replicas
 from gpufleet.gateway._tenancy import Tenancy, admin_key
 from gpufleet.gateway._upstream import (
     HttpReplicaClient,
@@ -35,11 +31,11 @@ from gpufleet.gateway._upstream import (
     UpstreamRequest,
     UpstreamResponse,
 )
+from gpufleet.gateway._views import no_spare_message, required_replicas
 from gpufleet.policy import decision_record  # the autoscaler's log line (shared with the sim)
 
 __all__ = [
     "SERVER_OPTIONS",
-    "AutoscaleController",
     "AutoscaleMetrics",
     "BadRequestError",
     "Gateway",
@@ -48,6 +44,7 @@ __all__ = [
     "GatewayServer",
     "Http11ReplicaClient",
     "HttpReplicaClient",
+    "LiveControl",
     "LocalOriginError",
     "ModelNotFoundError",
     "NoReplicaError",
@@ -55,6 +52,7 @@ __all__ = [
     "ReplicaOriginError",
     "ReplicaSource",
     "ScaleActuator",
+    "ScaleExecutor",
     "StaticReplicas",
     "Tenancy",
     "Upstream",

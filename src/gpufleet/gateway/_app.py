@@ -14,35 +14,28 @@ response carries ``x-request-id`` (the client's, or a new one). Errors are mappe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack
-from typing import Any, Final
+from typing import IO, Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpufleet.config import FleetConfig
-from gpufleet.control import PoolSettings
-from gpufleet.fleet import (
-    Outcome,
-    ProbeResult,
-    ReplicaId,
-    ReplicaLoad,
-    RequestFinished,
-    RouteRequest,
-    text_prefix_hashes,
-)
+from gpufleet.control import PoolSettings, Route
+from gpufleet.fleet import Outcome, RouteRequest, text_prefix_hashes
 from gpufleet.gateway._admin import handle_admin
-from gpufleet.gateway._autoscale import AutoscaleController, ScaleActuator
+from gpufleet.gateway._autoscale import ScaleActuator, ScaleExecutor
+from gpufleet.gateway._control import LiveControl
 from gpufleet.gateway._errors import (
     BadRequestError,
     GatewayError,
     LocalOriginError,
     MethodNotAllowedError,
     ModelNotFoundError,
-    NoReplicaError,
     PayloadTooLargeError,
     ReplicaOriginError,
     RequestTimeoutError,
@@ -54,12 +47,9 @@ from gpufleet.gateway._errors import (
 from gpufleet.gateway._http11 import Http11ReplicaClient
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, Upstream
-from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._server import MAX_BODY
-from gpufleet.gateway._state import FleetState, Pool
 from gpufleet.gateway._tenancy import OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
-from gpufleet.policy import Ranking, retry_allowed
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -69,7 +59,6 @@ Header = tuple[bytes, bytes]
 
 _JSON: Final = (b"content-type", b"application/json")
 _COMPLETIONS: Final = {"/v1/chat/completions": True, "/v1/completions": False}
-_HASHING_POLICIES: Final = frozenset({"prefix_aware"})
 _RELAY: Final = "gpufleet.relay"
 """The ASGI extension of ``GatewayServer`` (``_server.RELAY``) that passes a stream's frames
 from the replica's socket to the client's; under another server, chunks go one by one."""
@@ -92,6 +81,7 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
         actuator: ScaleActuator | None = None,
         tenancy: Tenancy | None = None,
+        record: IO[str] | None = None,
     ) -> None:
         self.config = config
         self.tenancy = tenancy
@@ -102,34 +92,29 @@ class Gateway:
         self._client: ReplicaClient | None = client
         self._clock = clock
         self.metrics = GatewayMetrics(registry)
-        self._wake = asyncio.Event()
-        self.fleet = FleetState(config, self.metrics, clock, self._wake.set, self._forget)
-        self.autoscaler = (
-            None
-            if actuator is None
-            else AutoscaleController(
-                config,
-                self.fleet,
-                actuator,
-                registry,
-                clock=clock,
-                in_flight=self.metrics.in_flight_of,
-            )
+        admitting = tenancy is not None  # the gateway queues only with auth on
+        self.control = LiveControl(
+            config,
+            self.metrics,
+            clock=clock,
+            admission=admitting,
+            scaling=None if actuator is None else ScaleExecutor(config, actuator, registry),
+            on_gone=self._forget,
         )
+        """Every pool's controller (``gpufleet.control``): admission, routing, retries,
+        health, holds and autoscaling decisions; this app carries them out."""
+        if record is not None:
+            self.control.record(record)
         self._created = int(time.time())
-        self._active = 0
-        self._active_retries = 0
         self._id_prefix = os.urandom(8).hex()
         self._count = 0
         gateway = config.gateway
         self._timeouts = gateway.timeouts
-        admitting = tenancy is not None  # the gateway queues only with auth on
         self._scraped = frozenset(
             m.name for m in config.models if PoolSettings.of(config, m, admission=admitting).scraped
         )
         """The pools whose engines are scraped: one rule with the simulator's
         (``PoolSettings.scraped``: the router, the admission gauge or the autoscaler reads them)."""
-        self._retry = gateway.retry
         self._models_body = json.dumps(
             {
                 "object": "list",
@@ -217,7 +202,7 @@ class Gateway:
         await send({"type": "http.response.body", "body": body})
 
     async def _ready(self, send: Send, rid: Header) -> None:
-        routable = self.fleet.ready()
+        routable = self.control.ready()
         ok = all(n > 0 for n in routable.values())
         body = json.dumps({"ready": ok, "routable": routable}).encode()
         await _respond(send, rid, 200 if ok else 503, body)
@@ -236,22 +221,25 @@ class Gateway:
                             max_idle=self.config.gateway.max_connections,
                         )
                     )
-                stack.callback(self._source.subscribe(self.fleet.set_replicas))
                 if self.tenancy is not None:
-                    self.tenancy.open(lambda: self.fleet.view)
+                    self.tenancy.open()
                     stack.callback(self.tenancy.close)
                     stack.push_async_callback(self.tenancy.aclose)
+                stack.callback(self.control.stop)
                 async with asyncio.TaskGroup() as tg:
-                    loops = [tg.create_task(self._health_loop(tg), name="gateway-health")]
+                    # probes run in the group; the replica list arrives once it can hold them
+                    self.control.start(tg, self._client)
+                    stack.callback(self._source.subscribe(self.control.set_replicas))
+                    loops = []
                     if self.tenancy is not None:
                         loops.append(tg.create_task(self.tenancy.refresh_loop()))
                         loops.append(tg.create_task(self.tenancy.quotas.run(), name="quotas"))
                     if self._scraped:
-                        loops.append(tg.create_task(self._scrape_loop(), name="gateway-scrape"))
-                    if self.autoscaler is not None:
-                        loops.append(tg.create_task(self.autoscaler.run(), name="autoscaler"))
+                        scrape = self.control.scrape_loop(self._scraped)
+                        loops.append(tg.create_task(scrape, name="gateway-scrape"))
                     await send({"type": "lifespan.startup.complete"})
                     await receive()  # lifespan.shutdown
+                    self.control.stop()  # no more probes into the closing group
                     for task in loops:
                         task.cancel()
         except BaseException as error:
@@ -263,73 +251,12 @@ class Gateway:
 
     def _forget(self, replica: Upstream) -> None:
         """A replica left the replica set: close its idle upstream connections (its series
-        went in ``FleetState.set_replicas``), unless another replica has its address."""
+        went in ``LiveControl.set_replicas``), unless another replica has its address."""
         client = self._client
         if replica.url is None or not isinstance(client, Http11ReplicaClient):
             return
-        if all(u.url != replica.url for u in self.fleet.upstreams.values()):
+        if all(u.url != replica.url for u in self.control.upstreams.values()):
             client.forget(replica.url)
-
-    async def _health_loop(self, tg: asyncio.TaskGroup) -> None:
-        """Decide, send the probes asked for, sleep until the next decision is due or woken."""
-        while True:
-            self._wake.clear()
-            now = self._clock()
-            probes, next_at = self.fleet.decide(now)
-            for replica in probes:
-                tg.create_task(self._probe(replica), name=f"probe-{replica}")
-            delay = 1.0 if next_at is None else min(max(next_at - now, 0.0), 1.0)
-            try:
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
-
-    async def _probe(self, replica: ReplicaId) -> None:
-        upstream = self.fleet.upstreams.get(replica)
-        if upstream is None or upstream.url is None or self._client is None:
-            return
-        pool = self.fleet.pools[upstream.model]
-        timeout = pool.config.health.active.timeout
-        try:
-            async with asyncio.timeout(timeout):
-                status, _ = await self._client.get(upstream.url + "/health", timeout)
-            ok = status == 200
-        except (TimeoutError, UpstreamError):
-            ok = False
-        self.fleet.on_event(self._clock(), upstream.model, ProbeResult(replica, ok))
-
-    async def _scrape_loop(self) -> None:
-        interval = self.config.gateway.scrape_interval
-        scraped = self._scraped
-        while True:
-            targets = [
-                (name, u.url)
-                for name, u in self.fleet.upstreams.items()
-                if u.model in scraped and u.url is not None
-            ]
-            results = await asyncio.gather(*(self._scrape(url) for _, url in targets))
-            now = self._clock()
-            loads = {
-                name: ReplicaLoad(running=r[0], waiting=r[1], kv_cache_usage=r[2], observed_at=now)
-                for (name, _), r in zip(targets, results, strict=True)
-                if r is not None
-            }
-            if loads:
-                self.fleet.set_loads(loads)
-            await asyncio.sleep(interval)
-
-    async def _scrape(self, url: str) -> tuple[int, int, float] | None:
-        assert self._client is not None
-        timeout = max(self.config.gateway.scrape_interval * 5, 0.5)
-        try:
-            async with asyncio.timeout(timeout):
-                status, body = await self._client.get(url + "/metrics", timeout)
-        except (TimeoutError, UpstreamError):
-            return None
-        if status != 200:
-            return None
-        return parse_engine_metrics(body.decode("utf-8", "replace"))
 
     # -- the proxy ------------------------------------------------------------------------
 
@@ -348,17 +275,14 @@ class Gateway:
         body = await _read_body(receive, self._timeouts.request_body)
         payload = _parse(body, chat)
         model = payload["model"]
-        pool = self.fleet.pools.get(model)
+        pool = self.control.pools.get(model)
         if pool is None:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
-        if self.autoscaler is not None:
-            self.autoscaler.arrived(model)  # demand, even if admission makes it wait
-        request = _route_request(model, scope, payload, request_id, _hashes(pool))
+        request = _route_request(model, scope, payload, request_id, pool.settings.hashes)
         admitted = None
         status = 500
-        active = False  # counted in the retry budget's requests in flight (once admitted)
         # watched from before admission: a client that leaves while queued gives its
-        # place and quota lease back at once (the gate and the lease undo on cancel)
+        # place and quota lease back at once (the controller and the lease undo on cancel)
         watch = _DisconnectWatch(receive)
         try:
             if self.tenancy is not None:
@@ -371,17 +295,14 @@ class Gateway:
                     arrived=arrived,
                     prompt_estimate=request.prompt_tokens,
                 )
-            self._active += 1
-            active = True
+                request = dataclasses.replace(request, tenant=admitted.principal.tenant)
             status = await self._route(
-                pool,
                 path,
                 scope,
                 request,
                 payload=payload,
                 body=body,
                 send=send,
-                request_id=request_id,
                 rid=rid,
                 arrived=arrived,
                 admitted=admitted,
@@ -397,14 +318,11 @@ class Gateway:
             watch.stop()
             if admitted is not None and self.tenancy is not None:
                 self.tenancy.finish(admitted, status)
-            if active:
-                self._active -= 1
             self.metrics.child(self.metrics.requests, model, str(status)).inc()
             self.metrics.child(self.metrics.e2e, model).observe(self._clock() - arrived)
 
     async def _route(
         self,
-        pool: Pool,
         path: str,
         scope: Scope,
         request: RouteRequest,
@@ -412,105 +330,77 @@ class Gateway:
         payload: dict[str, Any],
         body: bytes,
         send: Send,
-        request_id: str,
         rid: Header,
         arrived: float,
         admitted: Admitted | None = None,
     ) -> int:
-        model = pool.config.name
-        now = self._clock()
-        ranking = await self._rank(pool, request, now)
-        metrics = self.metrics
-        metrics.child(
-            metrics.routing, model, ranking.policy, "true" if ranking.panic else "false"
-        ).inc()
-        candidates = ranking.replicas()[: 1 + self._retry.max_retries]
-        if not candidates:
-            raise NoReplicaError(
-                f"no replica of `{model}` can take the request now",
-                self.config.gateway.retry_after,
-            )
-        metrics.child(metrics.overhead, model).observe(now - arrived)
-        stream = payload.get("stream") is True
-        relays = stream and _RELAY in (scope.get("extensions") or ())
-        headers = [("content-type", "application/json"), ("x-request-id", request_id)]
-        last: UpstreamError | None = None
-        for attempt, replica in enumerate(candidates):
-            upstream = self.fleet.upstreams.get(replica)
-            if upstream is None or upstream.url is None:
-                continue
-            retry = attempt > 0
-            if retry:
-                if not self._start_retry(model, last):
-                    break
-            else:
-                metrics.child(metrics.prefix_match, model).observe(ranking.matched(replica))
-            if admitted is not None:
-                admitted.replica = replica
-            upstream_request = UpstreamRequest(upstream.url, path, body, headers)
-            pool.router.on_request_start(self._clock(), request, replica)
-            in_flight = metrics.child(metrics.in_flight, replica)  # the one count of them
-            in_flight.inc()
-            outcome = Outcome.CANCELLED
-            try:
-                status, outcome = await self._attempt(
-                    upstream_request,
-                    stream,
-                    send,
-                    rid=rid,
-                    model=model,
-                    arrived=arrived,
-                    admitted=admitted,
-                    relays=relays,
-                )
+        """The request's walk as its pool controller decides it: admission, then an attempt
+        on each replica it routes to, until one answers or it is refused. Every way out
+        ends the request in the controller once (a Reject, Finished, or ClientGone)."""
+        control, metrics = self.control, self.metrics
+        model, request_id = request.model, request.request_id
+        priority, weight, deadline = (0, 1.0, None) if admitted is None else admitted.admission
+        ended = False
+        try:
+            decision = await control.arrive(request, priority, weight, deadline)
+            if isinstance(decision, Route):
+                self._routed(model, decision, arrived, admitted)
+            stream = payload.get("stream") is True
+            relays = stream and _RELAY in (scope.get("extensions") or ())
+            headers = [("content-type", "application/json"), ("x-request-id", request_id)]
+            last: UpstreamError | None = None
+            while isinstance(decision, Route):
+                replica = decision.replica
+                upstream = control.upstreams[replica]  # the controller routes to known ones
+                assert upstream.url is not None
+                if admitted is not None:
+                    admitted.replica = replica
+                upstream_request = UpstreamRequest(upstream.url, path, body, headers)
+                in_flight = metrics.child(metrics.in_flight, replica)
+                in_flight.inc()
+                outcome = Outcome.CANCELLED
+                try:
+                    status, outcome, broke = await self._attempt(
+                        upstream_request,
+                        stream,
+                        send,
+                        rid=rid,
+                        model=model,
+                        arrived=arrived,
+                        admitted=admitted,
+                        relays=relays,
+                    )
+                except UpstreamError as failure:
+                    outcome, last = failure.outcome, failure
+                    decision = control.failed(model, request_id, outcome)
+                    continue
+                finally:
+                    in_flight.dec()
+                    metrics.child(metrics.attempts, replica, outcome.value).inc()
+                    if replica not in control.upstreams:  # it left while this ran
+                        metrics.forget_replica(replica)
+                ended = True
+                if broke:  # the client has an error event; the controller counts it
+                    control.failed(model, request_id, outcome, streamed=True)
+                else:
+                    control.finished(model, request_id, outcome, _work(admitted))
                 return status
-            except UpstreamError as failure:
-                outcome, last = failure.outcome, failure
-            finally:
-                if retry:
-                    self._active_retries -= 1
-                in_flight.dec()
-                end = self._clock()
-                pool.router.on_request_end(end, request, replica, outcome)
-                metrics.child(metrics.attempts, replica, outcome.value).inc()
-                self.fleet.on_event(end, model, RequestFinished(replica, outcome))
-                if replica not in self.fleet.upstreams:  # it left while this ran
-                    metrics.forget_replica(replica)
-        why = f": {last}" if last is not None else ""
-        raise NoReplicaError(
-            f"no replica of `{model}` could take the request{why}",
-            self.config.gateway.retry_after,
-        )
+            ended = True
+            raise control.refusal(model, decision, last)
+        except BaseException:
+            if not ended:  # the client left (or a bug): the controller lets it go
+                control.gone(model, request_id)
+            raise
 
-    async def _rank(self, pool: Pool, request: RouteRequest, now: float) -> Ranking:
-        """The router's ranking; an autoscaled pool with no routable replica (scale from
-        zero, or still starting) first holds the request until it has one (bounded)."""
-        ranking = pool.router.rank(now, request, self.fleet.view)
-        model = pool.config.name
-        if ranking.tiers or self.autoscaler is None or not self.autoscaler.holds(model):
-            return ranking
-        await self.autoscaler.hold(model)
-        return pool.router.rank(self._clock(), request, self.fleet.view)
-
-    def _start_retry(self, model: str, last: UpstreamError | None) -> bool:
-        """Count a retry in, if the budget allows one (then the caller must count it out)."""
-        metrics = self.metrics
-        if not self._may_retry():
-            metrics.child(metrics.retries_refused, model).inc()
-            return False
-        reason = last.outcome.value if last is not None else "unknown"
-        metrics.child(metrics.retries, model, reason).inc()
-        self._active_retries += 1
-        return True
-
-    def _may_retry(self) -> bool:
-        retry = self._retry
-        return retry_allowed(
-            self._active_retries,
-            self._active,
-            budget_percent=retry.budget_percent,
-            min_retry_concurrency=retry.min_retry_concurrency,
-        )
+    def _routed(self, model: str, route: Route, arrived: float, admitted: Admitted | None) -> None:
+        """Count a request's routing decision (its first attempt's)."""
+        metrics, now = self.metrics, self._clock()
+        if admitted is not None:
+            admitted.queued = now - arrived
+        panic = "true" if route.panic else "false"
+        metrics.child(metrics.routing, model, route.policy, panic).inc()
+        metrics.child(metrics.prefix_match, model).observe(route.matched)
+        metrics.child(metrics.overhead, model).observe(now - arrived)
 
     async def _attempt(
         self,
@@ -523,9 +413,10 @@ class Gateway:
         arrived: float,
         admitted: Admitted | None = None,
         relays: bool = False,
-    ) -> tuple[int, Outcome]:
-        """One attempt. A failure before the client saw a byte raises ``UpstreamError``
-        (the caller may retry); one after it ends the stream with an error event.
+    ) -> tuple[int, Outcome, bool]:
+        """One attempt: its status, outcome, and whether its stream broke after the first
+        byte. A failure before the client saw a byte raises ``UpstreamError`` (the caller
+        may retry); one after it ends the stream with an error event.
 
         ``relays``: the server takes the ``gpufleet.relay`` extension; a stream's rest then
         goes from the replica's socket to the client's without a task step per chunk."""
@@ -545,7 +436,7 @@ class Gateway:
                         await self._answer_whole(
                             response, send, rid, model, arrived, admitted=admitted
                         )
-                        return status, outcome
+                        return status, outcome, False
                     if admitted is not None:  # usage read on the way, ledgered before the end
                         chunks = metered(admitted, chunks, self._clock)
                     first = await anext(chunks, b"")
@@ -565,7 +456,7 @@ class Gateway:
                         tail = b"\n"  # unknown: a blank line first (harmless after an event)
                         await send({"type": _RELAY, "relay": response.relay, "idle": idle})
                         await send({"type": "http.response.body", "body": b""})
-                        return status, outcome
+                        return status, outcome, False
                     # the idle deadline moves at most every idle/2: it falls between idle
                     # and 1.5 × idle after the last chunk, without a timer per chunk
                     now_is = asyncio.get_running_loop().time
@@ -579,19 +470,19 @@ class Gateway:
                             due = now + 1.5 * idle
                             deadline.reschedule(due)
                     await send({"type": "http.response.body", "body": b""})
-                    return status, outcome
+                    return status, outcome, False
         except TimeoutError:
             if not sent:
                 raise LocalOriginError(
                     "timed out waiting for the replica", Outcome.TIMEOUT
                 ) from None
             await self._break_stream(send, tail, "the replica stopped streaming (idle timeout)")
-            return 502, Outcome.TIMEOUT
+            return 502, Outcome.TIMEOUT, True
         except LocalOriginError as failure:
             if not sent:
                 raise
             await self._break_stream(send, tail, f"the replica's stream broke: {failure}")
-            return 502, failure.outcome
+            return 502, failure.outcome, True
 
     async def _answer_whole(
         self,
@@ -645,12 +536,14 @@ def create_gateway(
     clock: Callable[[], float] = time.monotonic,
     actuator: ScaleActuator | None = None,
     tenancy: Tenancy | None = None,
+    record: IO[str] | None = None,
 ) -> Gateway:
     """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
 
     Metrics go to ``registry``; ``client`` replaces the HTTP upstream client (tests). With an
     ``actuator``, the models with ``autoscale`` are scaled through it (docs/gateway.md);
-    ``tenancy`` turns auth, quotas, admission and the ledger on.
+    ``tenancy`` turns auth, quotas, admission and the ledger on; ``record`` gets every
+    control event and its commands (``gpufleet up --record``, ``gpufleet replay``).
     """
     return Gateway(
         config,
@@ -660,6 +553,7 @@ def create_gateway(
         clock=clock,
         actuator=actuator,
         tenancy=tenancy,
+        record=record,
     )
 
 
@@ -771,9 +665,13 @@ def _route_request(
     )
 
 
-def _hashes(pool: Pool) -> bool:
-    """Whether the pool's router reads ``RouteRequest.prefix_hashes`` (only prefix_aware)."""
-    return pool.config.routing.policy in _HASHING_POLICIES
+def _work(admitted: Admitted | None) -> tuple[int, int] | None:
+    """What the request cost, for fair sharing: (uncached prompt, output tokens), if
+    metered."""
+    if admitted is None:
+        return None
+    usage = admitted.meter.usage
+    return (usage.uncached_prompt, usage.completion_tokens) if usage.known else None
 
 
 def _parse(body: bytes, chat: bool) -> dict[str, Any]:

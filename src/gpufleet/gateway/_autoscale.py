@@ -1,40 +1,32 @@
-"""The live autoscaler: the gateway's loop around the pure ``AutoscalePolicy`` of each pool.
+"""The live autoscaler's hands: carrying out the pool controller's ``Scale`` commands.
 
-The gateway owns what the policy needs — the fleet view with scraped saturation, its own
-in-flight counts, the arrivals it counted, the requests it holds — so the loop lives here::
+The decisions are the pool controller's (``gpufleet.control``: when to decide, on what
+view, with which standbys and held requests); the gateway only acts on them and shows them::
 
-    every `autoscaler.interval` s (sooner at decision.next_at, or when a request is held
-    at an empty pool):
-        pool = PoolView.of(view, model, in_flight=…, demand=…, standbys=…, held=…)
-        decision = policy.decide(now, pool)
-        actuator.promote(model, decision.promote)            # standbys join in seconds
-        actuator.scale(model, decision.desired, decision.drain)   # cold starts, drains
-        log one JSON line; export gauges and counters
+    Scale(decision, view) ──► actuator.promote(model, decision.promote)  # standbys join
+                          ──► actuator.scale(model, decision.desired, decision.drain)
+                          ──► gauges, counters, one JSON log line, the scale-up lag
 
 It acts through :class:`ScaleActuator`, which ``gpufleet up`` implements on the local runtime
 (the runtime may not import the policy, so plain counts and ids cross). Which standbys
-exist comes from the actuator too: the gateway never routes to them, so it does not list them.
+exist comes from the actuator too (the shell reports them to the controller as ``Standbys``):
+the gateway never routes to them, so it does not list them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpufleet.config import FleetConfig
+from gpufleet.control import Scale
 from gpufleet.fleet import ReplicaId
-from gpufleet.gateway._errors import NoReplicaError
-from gpufleet.gateway._state import FleetState
 from gpufleet.policy import (
-    AutoscaleConfig,
-    AutoscalePolicy,
     PoolView,
     ScaleDecision,
     ScaleDirection,
@@ -44,10 +36,6 @@ from gpufleet.policy import (
 
 logger = logging.getLogger("gpufleet.autoscale")
 
-_MIN_GAP: Final = 0.05
-"""Seconds between two decisions at least, however often the loop is woken."""
-_HOLD_POLL: Final = 0.05
-"""Seconds between two looks of a held request at its pool."""
 _LAG_BUCKETS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -130,148 +118,58 @@ class AutoscaleMetrics:
 
 
 @dataclass(slots=True)
-class _Pool:
-    config: AutoscaleConfig
-    policy: AutoscalePolicy
-    arrivals: int = 0
-    held: int = 0
-    last_at: float | None = None
+class _Lag:
     up_since: float | None = None
     """When a still unmet scale-up was first decided."""
     up_target: int = 0
-    last: ScaleDecision | None = None
 
 
-class AutoscaleController:
-    """One policy per autoscaled model; ``run()`` is the loop, ``hold()`` the held queue."""
+class ScaleExecutor:
+    """Carries out one fleet's ``Scale`` commands through the actuator, and shows them."""
 
     def __init__(
-        self,
-        config: FleetConfig,
-        fleet: FleetState,
-        actuator: ScaleActuator,
-        registry: CollectorRegistry,
-        *,
-        clock: Callable[[], float],
-        in_flight: Callable[[ReplicaId], int],
+        self, config: FleetConfig, actuator: ScaleActuator, registry: CollectorRegistry
     ) -> None:
-        settings = config.gateway.autoscaler
-        self.interval = settings.interval
-        self.hold_requests = settings.hold_requests
-        self.hold_timeout = settings.hold_timeout
-        self.retry_after = config.gateway.retry_after
-        self.pools = {
-            m.name: _Pool(m.autoscale, AutoscalePolicy(m.autoscale, m.max_num_seqs))
-            for m in config.models
-            if m.autoscale is not None
-        }
+        self.actuator = actuator
         self.metrics = AutoscaleMetrics(registry)
-        for model in self.pools:
+        self._lags = {m.name: _Lag() for m in config.models if m.autoscale is not None}
+        for model in self._lags:
             self.metrics.add_pool(model)
-        self._fleet = fleet
-        self._actuator = actuator
-        self._clock = clock
-        self._in_flight = in_flight
-        self._wake = asyncio.Event()
 
-    # -- what the request path calls --------------------------------------------------------
+    @property
+    def models(self) -> list[str]:
+        """The autoscaled pools."""
+        return list(self._lags)
 
-    def arrived(self, model: str) -> None:
-        """Count one request for ``model``'s demand."""
-        pool = self.pools.get(model)
-        if pool is not None:
-            pool.arrivals += 1
-
-    def holds(self, model: str) -> bool:
-        """Whether a request for ``model`` that finds no routable replica waits for one."""
-        return model in self.pools and self.hold_requests > 0
-
-    async def hold(self, model: str) -> None:
-        """Wait until ``model`` has a routable replica; ``NoReplicaError`` (503 with
-        ``Retry-After``) when the hold queue is full or ``hold_timeout`` passes first."""
-        pool = self.pools[model]
-        if pool.held >= self.hold_requests:
-            self.metrics.held_outcomes.labels(model, "full").inc()
-            raise NoReplicaError(
-                f"no replica of `{model}` is ready and {pool.held} requests already wait for one",
-                self.retry_after,
-            )
-        pool.held += 1
-        self.metrics.held.labels(model).set(pool.held)
-        if pool.held == 1:
-            self._wake.set()  # a pool at zero cold-starts now, not at the next tick
+    def carry_out(self, now: float, scale: Scale) -> None:
+        """Act on one decision, log it and export it; a failing actuator is logged (one
+        pool's trouble must not stop the control loop)."""
+        decision, view = scale.decision, scale.view
+        model = view.model
         try:
-            async with asyncio.timeout(self.hold_timeout):
-                while not self._fleet.view.routable(model):
-                    await asyncio.sleep(_HOLD_POLL)
-        except TimeoutError:
-            self.metrics.held_outcomes.labels(model, "timeout").inc()
-            raise NoReplicaError(
-                f"no replica of `{model}` became ready within {self.hold_timeout:g} s",
-                self.retry_after,
-            ) from None
-        finally:
-            pool.held -= 1
-            self.metrics.held.labels(model).set(pool.held)
-        self.metrics.held_outcomes.labels(model, "served").inc()
-
-    # -- the loop ---------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Decide for every pool, act, sleep until the next decision is due or woken."""
-        while True:
-            self._wake.clear()
-            now = self._clock()
-            due = self.tick(now)
-            delay = self.interval if due is None else min(self.interval, due - now)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(delay, _MIN_GAP)):
-                    await self._wake.wait()
-
-    def tick(self, now: float) -> float | None:
-        """One decision per pool at ``now``, acted on; the earliest ``next_at``."""
-        due: list[float] = []
-        for model, pool in self.pools.items():
-            try:
-                decision = self._decide(now, model, pool)
-            except Exception:  # one pool's bug must not stop the others' scaling
-                logger.exception("autoscaling %r failed", model)
-                continue
-            if decision.next_at is not None:
-                due.append(decision.next_at)
-        return min(due, default=None)
-
-    def _decide(self, now: float, model: str, pool: _Pool) -> ScaleDecision:
-        elapsed = None if pool.last_at is None else now - pool.last_at
-        demand = pool.arrivals / elapsed if elapsed and elapsed > 0 else 0.0
-        pool.arrivals, pool.last_at = 0, now
-        view = PoolView.of(
-            self._fleet.view,
-            model,
-            in_flight=self._in_flight,
-            demand=demand,
-            standbys=self._actuator.standbys(model),
-            held=pool.held,
-        )
-        decision = pool.policy.decide(now, view)
-        pool.last = decision
-        self._act(model, decision)
+            self._act(model, decision)
+        except Exception:
+            logger.exception("autoscaling %r failed", model)
         self._log(decision, view)
-        self._export(model, decision, pool, len(view.standbys), now)
-        return decision
+        self._export(model, decision, len(view.standbys), now)
+
+    def held(self, model: str, held: int) -> None:
+        self.metrics.held.labels(model).set(held)
+
+    def hold_ended(self, model: str, outcome: str) -> None:
+        """A held request was routed (``served``), timed out, or found the hold full."""
+        self.metrics.held_outcomes.labels(model, outcome).inc()
 
     def _act(self, model: str, decision: ScaleDecision) -> None:
         if decision.promote:
-            self._actuator.promote(model, decision.promote)
+            self.actuator.promote(model, decision.promote)
             self.metrics.actions.labels(model, "promote").inc(len(decision.promote))
         if decision.direction is not ScaleDirection.HOLD:
-            self._actuator.scale(model, decision.desired, decision.drain)
+            self.actuator.scale(model, decision.desired, decision.drain)
             self.metrics.actions.labels(model, "cold_start").inc(decision.cold_starts)
             self.metrics.actions.labels(model, "drain").inc(len(decision.drain))
 
-    def _export(
-        self, model: str, decision: ScaleDecision, pool: _Pool, standbys: int, now: float
-    ) -> None:
+    def _export(self, model: str, decision: ScaleDecision, standbys: int, now: float) -> None:
         m, inputs = self.metrics, decision.inputs
         m.desired.labels(model).set(decision.desired)
         m.current.labels(model).set(inputs.current)
@@ -287,24 +185,25 @@ class AutoscaleController:
         if decision.forecast_replicas is not None:
             m.forecast_replicas.labels(model).set(decision.forecast_replicas)
         m.decisions.labels(model, decision.direction.value, decision.bound_by.value).inc()
-        self._track_lag(model, decision, pool, now)
+        self._track_lag(model, decision, now)
 
-    def _track_lag(self, model: str, decision: ScaleDecision, pool: _Pool, now: float) -> None:
+    def _track_lag(self, model: str, decision: ScaleDecision, now: float) -> None:
         """Scale-up lag: from the first decision of a scale-up to as many routable replicas."""
+        lag = self._lags[model]
         if decision.direction is ScaleDirection.UP:
-            if pool.up_since is None:
-                pool.up_since = now
-            pool.up_target = max(pool.up_target, decision.desired)
-        if pool.up_since is None:
+            if lag.up_since is None:
+                lag.up_since = now
+            lag.up_target = max(lag.up_target, decision.desired)
+        if lag.up_since is None:
             return
-        if decision.inputs.ready >= pool.up_target:
-            lag = now - pool.up_since
-            self.metrics.scale_up_lag.labels(model).observe(lag)
-            record = {"model": model, "event": "scaled_up", "replicas": pool.up_target}
-            logger.info("autoscale %s", json.dumps({**record, "lag_s": round(lag, 3)}))
-            pool.up_since, pool.up_target = None, 0
-        elif decision.desired < pool.up_target:
-            pool.up_since, pool.up_target = None, 0  # no longer wanted: not a lag
+        if decision.inputs.ready >= lag.up_target:
+            seconds = now - lag.up_since
+            self.metrics.scale_up_lag.labels(model).observe(seconds)
+            record = {"model": model, "event": "scaled_up", "replicas": lag.up_target}
+            logger.info("autoscale %s", json.dumps({**record, "lag_s": round(seconds, 3)}))
+            lag.up_since, lag.up_target = None, 0
+        elif decision.desired < lag.up_target:
+            lag.up_since, lag.up_target = None, 0  # no longer wanted: not a lag
 
     @staticmethod
     def _log(decision: ScaleDecision, view: PoolView) -> None:

@@ -4,7 +4,8 @@ what order they start (the admission gate), and what they used (the ledger).
 ::
 
     request ─► authenticate (401) ─► model allowed? (403) ─► quota (429, Retry-After)
-            ─► admission gate (waits while saturated; 503 when shed or past its deadline)
+            ─► the pool controller's admission (waits while saturated; 503 when shed or
+               past its deadline: the tenant's priority, weight and deadline go with it)
             ─► proxied … usage read on the way ─► ledger row journaled before the last byte
 
 Keys are checked against an in-memory snapshot of the store, reloaded every
@@ -25,8 +26,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpufleet.config import FleetConfig, TenantsConfig
-from gpufleet.fleet import FleetView
-from gpufleet.gateway._admission import AdmissionGate
 from gpufleet.gateway._errors import BadRequestError
 from gpufleet.gateway._quotas import Lease, Quotas
 from gpufleet.gateway._quotas_redis import RedisQuotas
@@ -36,7 +35,7 @@ from gpufleet.gateway._tenancy_errors import (
     UnauthorizedError,
 )
 from gpufleet.gateway._usage import Meter, ask_for_usage
-from gpufleet.policy import CLASSES, QuotaLimits, Ticket
+from gpufleet.policy import CLASSES, QuotaLimits
 from gpufleet.store import (
     Journal,
     Snapshot,
@@ -70,14 +69,15 @@ class Admitted:
     model: str
     arrived: float
     wall: float
-    ticket: Ticket
-    gate: AdmissionGate
+    admission: tuple[int, float, float]
+    """Its priority (an index of ``CLASSES``), fair-share weight and queue deadline."""
     lease: Lease | None
     meter: Meter
     queued: float = 0.0
     first_at: float | None = None
     status: int = 200
     replica: str | None = None
+    """The replica it was last sent to (``None``: never started)."""
     recorded: bool = False
     ledger_id: str = field(default_factory=lambda: os.urandom(12).hex())
 
@@ -113,8 +113,6 @@ class Tenancy:
         redis_url = fleet.gateway.redis_url
         self.quotas = Quotas(clock) if redis_url is None else RedisQuotas(redis_url, clock)
         """rpm, tpm and concurrency per tenant: this gateway's own, or shared through Redis."""
-        self.gates: dict[str, AdmissionGate] = {}
-        self._models = {m.name: m.max_num_seqs for m in fleet.models}
         self._taken = 0
         self._applied = 0
         self._denials: dict[tuple[str | None, int], _Denials] = {}
@@ -122,17 +120,12 @@ class Tenancy:
 
     # -- life -------------------------------------------------------------------------------
 
-    def open(self, view: Callable[[], FleetView]) -> None:
-        """Replay a dead gateway's journal, load keys, make one gate per pool."""
+    def open(self) -> None:
+        """Replay a dead gateway's journal, load keys."""
         replayed = self.journal.start()
         if replayed:
             logger.warning("replayed %d ledger/audit records a stopped gateway left", replayed)
         self.reload()
-        admission = self.config.admission
-        self.gates = {
-            m: AdmissionGate(m, admission, seqs, view, self._clock)
-            for m, seqs in self._models.items()
-        }
 
     def close(self) -> None:
         self.flush_denials()
@@ -266,29 +259,24 @@ class Tenancy:
         arrived: float,
         prompt_estimate: int,
     ) -> tuple[Admitted, bytes]:
-        """Check and queue one request; the admitted request and the body to send upstream."""
+        """Check one request (model allowed, quotas); the admitted request, with what the
+        pool controller's admission reads, and the body to send upstream."""
         principal: Principal = scope[PRINCIPAL]
         settings = principal.settings
         wall = time.time()
         allowed = settings.models
-        ticket = Ticket(
-            request_id,
-            principal.tenant,
+        admission = (
             CLASSES.index(settings.priority),
             settings.weight,
-            prompt_estimate,
             arrived + self._max_wait(scope),
-            arrived,
         )
-        gate = self.gates[model]
         admitted = Admitted(
             principal,
             request_id,
             model,
             arrived,
             wall,
-            ticket,
-            gate,
+            admission,
             None,
             Meter(prompt_estimate, False, _no),  # replaced once the request may run
         )
@@ -309,15 +297,6 @@ class Tenancy:
         # the body is re-serialised (usage asked for) only for a request that got this far
         body, injected = ask_for_usage(payload, body)
         admitted.meter = Meter(prompt_estimate, injected, lambda: self._record(admitted))
-        try:
-            await gate.enter(ticket)
-        except BaseException as error:
-            self.quotas.release(lease, 0)
-            admitted.lease = None
-            if not isinstance(error, asyncio.CancelledError):
-                self._record(admitted, getattr(error, "status", 503), started=False)
-            raise
-        admitted.queued = self._clock() - arrived
         return admitted, body
 
     def _max_wait(self, scope: Any) -> float:
@@ -332,15 +311,16 @@ class Tenancy:
         return wait
 
     def finish(self, admitted: Admitted, status: int) -> None:
-        """The request ended (any way): ledger row if none yet, then charge quota and share."""
+        """The request ended (any way): ledger row if none yet, then charge the quota (one
+        that never reached a replica, shed or gone while queued, charges no tokens)."""
+        started = admitted.replica is not None
         if not admitted.recorded:
-            self._record(admitted, status)
+            self._record(admitted, status, started=started)
         usage = admitted.meter.usage
         if admitted.lease is not None:
-            self.quotas.release(admitted.lease, usage.total if usage.known else usage.prompt_tokens)
+            spent = usage.total if usage.known else usage.prompt_tokens
+            self.quotas.release(admitted.lease, spent if started else 0)
             admitted.lease = None
-        work = (usage.uncached_prompt, usage.completion_tokens) if usage.known else None
-        admitted.gate.leave(admitted.ticket, work)
 
     def _record(
         self, admitted: Admitted, status: int | None = None, *, started: bool = True

@@ -1,0 +1,350 @@
+"""The gateway's side of the control loop: events in, commands carried out.
+
+The rules are the pool controllers' (``gpufleet.control``, the simulator's too); this shell
+turns what happens on the event loop into their events and does what they answer::
+
+    replica source ──► Replicas        probe task ──► ProbeAnswered     one timer at
+    scrape loop    ──► Scraped         actuator   ──► Standbys          next_wakeup() ──► Tick
+    a request      ──► Arrived · AttemptFailed · Finished · ClientGone
+                                   │
+    PoolController.handle(now, event)
+                                   ▼
+    Route / Reject ──► the waiting request     Probe  ──► a probe task
+    Ejected        ──► metrics                 Scale  ──► the actuator (ScaleExecutor)
+
+A request's own decision usually comes back from its own event (it starts, or is refused,
+at once); one that waits in the admission queue or the hold gets a future that a later
+event's commands resolve. ``record`` writes every event and its commands as JSON lines
+(``gpufleet up --record``), which ``gpufleet replay`` feeds to a fresh controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import IO, Final
+
+from gpufleet.config import FleetConfig
+from gpufleet.control import (
+    Arrived,
+    AttemptFailed,
+    ClientGone,
+    Command,
+    Ejected,
+    Event,
+    Finished,
+    FleetController,
+    PoolController,
+    Probe,
+    ProbeAnswered,
+    Reject,
+    RejectReason,
+    Replicas,
+    ReplicaSeen,
+    Route,
+    Scale,
+    Scraped,
+    ScrapedLoad,
+    Standbys,
+    Tick,
+)
+from gpufleet.fleet import Outcome, ReplicaId, RouteRequest
+from gpufleet.gateway._autoscale import ScaleExecutor
+from gpufleet.gateway._errors import GatewayError, NoReplicaError, UpstreamError
+from gpufleet.gateway._metrics import GatewayMetrics
+from gpufleet.gateway._replicas import Upstream
+from gpufleet.gateway._scrape import parse_engine_metrics
+from gpufleet.gateway._tenancy_errors import AdmissionError
+from gpufleet.gateway._upstream import ReplicaClient
+from gpufleet.gateway._views import ViewExport
+
+logger = logging.getLogger("gpufleet.gateway")
+
+Decision = Route | Reject
+_RETRY_TICK: Final = 1.0
+"""Seconds until the timer tries again after a controller error (logged)."""
+
+
+class LiveControl:
+    """Every pool's controller, driven by the gateway's event loop."""
+
+    def __init__(
+        self,
+        config: FleetConfig,
+        metrics: GatewayMetrics,
+        *,
+        clock: Callable[[], float],
+        admission: bool,
+        scaling: ScaleExecutor | None = None,
+        on_gone: Callable[[Upstream], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.control = FleetController.of(
+            config, admission=admission, autoscale=scaling is not None
+        )
+        self.pools: dict[str, PoolController] = self.control.pools
+        self.upstreams: dict[ReplicaId, Upstream] = {}
+        self.metrics = metrics
+        self.scaling = scaling
+        self.views = ViewExport(config, metrics)
+        self._models = {m.name: m for m in config.models}
+        self._clock = clock
+        self._on_gone = on_gone
+        self._waiters: dict[str, asyncio.Future[Decision]] = {}
+        self._early: dict[str, Decision] = {}
+        """Decisions made inside the request's own event (taken back at once)."""
+        self._seen: dict[str, tuple[ReplicaSeen, ...]] = {}
+        self._standbys: dict[str, object] = {}
+        self._held: dict[str, int] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._tasks: asyncio.TaskGroup | None = None
+        self._client: ReplicaClient | None = None
+        self._record: IO[str] | None = None
+
+    # -- life -----------------------------------------------------------------------------
+
+    def start(self, tasks: asyncio.TaskGroup, client: ReplicaClient) -> None:
+        """Probes and scrapes from now on run in ``tasks`` over ``client``."""
+        self._tasks, self._client = tasks, client
+        self._arm(self._clock())
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, math.inf
+        self._tasks = None
+        if self._record is not None:
+            self._record.flush()
+
+    def record(self, out: IO[str]) -> None:
+        """Write every event and its commands to ``out`` (a recording ``gpufleet replay``
+        reads)."""
+        self._record = out
+        self.control.record(out)
+
+    # -- the one way in -------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Command]:
+        now = self._clock()
+        commands = self.control.handle(now, event)
+        for command in commands:
+            match command:
+                case Route() | Reject():
+                    self._deliver(command)
+                case Probe(model=model, replica=replica):
+                    if self._tasks is not None:
+                        self._tasks.create_task(self._probe(model, replica))
+                case Ejected(record=r):
+                    enforced = "true" if r.enforced else "false"
+                    self.metrics.ejections.labels(r.model, r.cause.value, enforced).inc()
+                case Scale():
+                    if self.scaling is not None:
+                        self.scaling.carry_out(now, command)
+        self._after(now)
+        return commands
+
+    def _deliver(self, decision: Decision) -> None:
+        waiter = self._waiters.pop(decision.request_id, None)
+        if waiter is None:
+            self._early[decision.request_id] = decision
+        elif not waiter.done():
+            waiter.set_result(decision)
+
+    def _after(self, now: float) -> None:
+        """Show the views that changed; arm the timer for what falls due next."""
+        for model, pool in self.pools.items():
+            self.views.export(model, pool.view)
+            if pool.autoscaler is not None and self.scaling is not None:
+                held = pool.held
+                if self._held.get(model) != held:
+                    self._held[model] = held
+                    self.scaling.held(model, held)
+        self._arm(now)
+
+    def _arm(self, now: float) -> None:
+        wake = self.control.next_wakeup()
+        if wake is None or wake >= self._timer_at or self._tasks is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = wake
+        self._timer = asyncio.get_running_loop().call_later(max(wake - now, 0.0), self._tick)
+
+    def _tick(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        try:
+            if self.scaling is not None:
+                self._report_standbys()
+            self.handle(Tick())
+        except Exception:  # a controller bug must not stop the clock
+            logger.exception("the control loop failed on a tick")
+            now = self._clock()
+            self._timer_at = now + _RETRY_TICK
+            self._timer = asyncio.get_running_loop().call_later(_RETRY_TICK, self._tick)
+
+    def _report_standbys(self) -> None:
+        assert self.scaling is not None
+        for model in self.scaling.models:
+            standbys = self.scaling.actuator.standbys(model)
+            if self._standbys.get(model) != standbys:
+                self._standbys[model] = standbys
+                self.handle(Standbys(model, standbys))
+
+    # -- a request ------------------------------------------------------------------------
+
+    async def arrive(
+        self,
+        request: RouteRequest,
+        priority: int = 0,
+        weight: float = 1.0,
+        deadline: float | None = None,
+    ) -> Decision:
+        """The request's first decision: a Route, or a Reject; it may wait (queued, held).
+        Cancelled (the client left): the caller reports :meth:`gone`."""
+        rid = request.request_id
+        self.handle(Arrived(request, priority, weight, deadline))
+        decision = self._early.pop(rid, None)
+        if decision is None:
+            waiter: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+            self._waiters[rid] = waiter
+            try:
+                decision = await waiter
+            finally:
+                self._waiters.pop(rid, None)
+        if self.scaling is not None:  # the hold's outcomes (autoscaled pools)
+            if isinstance(decision, Route):
+                if decision.held:
+                    self.scaling.hold_ended(request.model, "served")
+            elif decision.reason == RejectReason.HOLD_FULL:
+                self.scaling.hold_ended(request.model, "full")
+            elif decision.reason == RejectReason.HOLD_TIMEOUT:
+                self.scaling.hold_ended(request.model, "timeout")
+        return decision
+
+    def failed(self, model: str, rid: str, outcome: Outcome, *, streamed: bool = False) -> Decision:
+        """The attempt failed: the next Route (a retry), or the Reject that ends it."""
+        self.handle(AttemptFailed(model, rid, outcome, streamed))
+        decision = self._early.pop(rid)
+        metrics = self.metrics
+        if isinstance(decision, Route):
+            metrics.child(metrics.retries, model, outcome.value).inc()
+        elif decision.budget:
+            metrics.child(metrics.retries_refused, model).inc()
+        return decision
+
+    def finished(
+        self, model: str, rid: str, outcome: Outcome, work: tuple[int, int] | None = None
+    ) -> None:
+        self.handle(Finished(model, rid, outcome, work))
+
+    def gone(self, model: str, rid: str) -> None:
+        self.handle(ClientGone(model, rid))
+
+    def refusal(self, model: str, reject: Reject, last: UpstreamError | None) -> GatewayError:
+        """The error a Reject answers with (503 with ``Retry-After``)."""
+        retry_after = self.config.gateway.retry_after
+        reason = reject.reason
+        if reason == RejectReason.SHED:
+            return AdmissionError(
+                f"the gateway's queue for `{model}` is full (lower-priority work is shed first)",
+                1,
+            )
+        if reason == RejectReason.EXPIRED:
+            return AdmissionError(
+                f"`{model}` is saturated and the request could not start before its deadline", 1
+            )
+        if reason == RejectReason.HOLD_FULL:
+            held = self.pools[model].held
+            return NoReplicaError(
+                f"no replica of `{model}` is ready and {held} requests already wait for one",
+                retry_after,
+            )
+        if reason == RejectReason.HOLD_TIMEOUT:
+            timeout = self.config.gateway.autoscaler.hold_timeout
+            return NoReplicaError(
+                f"no replica of `{model}` became ready within {timeout:g} s", retry_after
+            )
+        if reason == RejectReason.NO_REPLICA:
+            return NoReplicaError(f"no replica of `{model}` can take the request now", retry_after)
+        why = f": {last}" if last is not None else ""
+        return NoReplicaError(f"no replica of `{model}` could take the request{why}", retry_after)
+
+    # -- the runtime ----------------------------------------------------------------------
+
+    def set_replicas(self, replicas: Sequence[Upstream]) -> None:
+        """The owner's list of replicas (every one, every time)."""
+        known = self.upstreams
+        fresh = {r.name: r for r in replicas if r.model in self.pools}
+        gone = [known[name] for name in known.keys() - fresh.keys()]
+        self.upstreams = fresh
+        for model in self.pools:
+            seen = tuple(
+                ReplicaSeen(r.name, r.state, r.url) for r in fresh.values() if r.model == model
+            )
+            if self._seen.get(model) != seen:
+                self._seen[model] = seen
+                self.handle(Replicas(model, seen))
+        for replica in gone:
+            self.views.forget(replica.name)
+            # its other series and cached children (queue, KV, attempts, in flight)
+            self.metrics.forget_replica(replica.name)
+            if self._on_gone is not None:
+                self._on_gone(replica)
+
+    async def _probe(self, model: str, replica: ReplicaId) -> None:
+        upstream = self.upstreams.get(replica)
+        client = self._client
+        if upstream is None or upstream.url is None or client is None:
+            return
+        timeout = self._models[model].health.active.timeout
+        try:
+            async with asyncio.timeout(timeout):
+                status, _ = await client.get(upstream.url + "/health", timeout)
+            ok = status == 200
+        except (TimeoutError, UpstreamError):
+            ok = False
+        if self._tasks is not None and replica in self.upstreams:
+            self.handle(ProbeAnswered(model, replica, ok))
+
+    async def scrape_loop(self, scraped: frozenset[str]) -> None:
+        """Scrape the engines of the ``scraped`` pools every ``scrape_interval``."""
+        interval = self.config.gateway.scrape_interval
+        while True:
+            targets = [
+                (u.model, name, u.url)
+                for name, u in self.upstreams.items()
+                if u.model in scraped and u.url is not None
+            ]
+            results = await asyncio.gather(*(self._scrape(url) for _, _, url in targets))
+            loads: dict[str, list[ScrapedLoad]] = {}
+            for (model, name, _), result in zip(targets, results, strict=True):
+                if result is not None and name in self.upstreams:
+                    running, waiting, kv = result
+                    loads.setdefault(model, []).append(ScrapedLoad(name, running, waiting, kv))
+                    self.metrics.queue.labels(name).set(waiting)
+                    self.metrics.kv_usage.labels(name).set(kv)
+            for model, rows in loads.items():
+                self.handle(Scraped(model, tuple(rows)))
+            await asyncio.sleep(interval)
+
+    async def _scrape(self, url: str) -> tuple[int, int, float] | None:
+        client = self._client
+        assert client is not None
+        timeout = max(self.config.gateway.scrape_interval * 5, 0.5)
+        try:
+            async with asyncio.timeout(timeout):
+                status, body = await client.get(url + "/metrics", timeout)
+        except (TimeoutError, UpstreamError):
+            return None
+        if status != 200:
+            return None
+        return parse_engine_metrics(body.decode("utf-8", "replace"))
+
+    # -- questions ------------------------------------------------------------------------
+
+    def ready(self) -> dict[str, int]:
+        """Routable replicas per model."""
+        return {name: len(pool.routable()) for name, pool in self.pools.items()}
