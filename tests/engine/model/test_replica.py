@@ -190,11 +190,13 @@ def test_step_duration_is_the_perf_model_time_of_exactly_that_batch() -> None:
     expected = BatchShape.prefill(511, 0) + BatchShape.decode([21])
     assert plan.batch == expected
     assert plan.duration == model.step_time_model.step_time(expected).seconds
+    assert plan.timing == model.step_time_model.step_time(expected)
     model.finish_step(plan, driver.now + plan.duration)
     model.set_slowdown(3.0)
     slow = model.plan_step(driver.now)
     assert slow is not None
     assert slow.duration == pytest.approx(3.0 * model.step_time_model.step_time(slow.batch).seconds)
+    assert slow.timing == model.step_time_model.step_time(slow.batch)  # before slowdown
 
 
 def test_max_num_seqs_caps_the_running_batch() -> None:

@@ -178,12 +178,14 @@ class ReplicaModel:
             decode_seqs=len(budget.decodes),
             decode_context=budget.decode_context,
         )
+        timing = self._steps.step_time(batch)
         plan = StepPlan(
-            duration=self._steps.step_time(batch).seconds * self._slowdown,
+            duration=timing.seconds * self._slowdown,
             batch=batch,
             step=self._step,
             decodes=tuple(budget.decodes),
             prefills=tuple((request, count) for request, _, count in budget.prefills),
+            timing=timing,
         )
         self._step += 1
         self._in_flight = plan
