@@ -29,15 +29,15 @@ H100_MIB = 81559
 H100_IDLE_W, H100_TDP_W = 120.0, 700.0
 
 STEPS = StepTimeModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"))
-DECODE = BatchShape.uniform_decode(16, 600)
-PREFILL = BatchShape.prefill(8192)
+DECODE = STEPS.step_time(BatchShape.uniform_decode(16, 600))
+PREFILL = STEPS.step_time(BatchShape.prefill(8192))
 
 
 # -- the window (L0, explicit now) --------------------------------------------------------------
 
 
 def test_an_idle_gpu_is_not_busy() -> None:
-    busy = GpuActivity().busy(5.0, STEPS.step_time)
+    busy = GpuActivity().busy(5.0)
     assert (busy.gpu, busy.engine, busy.memory) == (0.0, 0.0, 0.0)
 
 
@@ -45,32 +45,47 @@ def test_busy_is_the_share_of_the_window_covered_by_steps() -> None:
     activity = GpuActivity(window_s=1.0)
     activity.record(0.0, 0.25, DECODE)
     activity.record(0.5, 0.75, DECODE)
-    assert activity.busy(1.0, STEPS.step_time).gpu == pytest.approx(0.5)
-    assert activity.busy(1.5, STEPS.step_time).gpu == pytest.approx(0.25)  # first one left
-    assert activity.busy(0.6, STEPS.step_time).gpu == pytest.approx(0.35)  # second in flight
-    assert activity.busy(1.75, STEPS.step_time).gpu == 0.0
+    assert activity.busy(1.0).gpu == pytest.approx(0.5)
+    assert activity.busy(1.5).gpu == pytest.approx(0.25)  # the first one left the window
+    assert activity.busy(1.6).gpu == pytest.approx(0.15)  # the second one is leaving
+    assert activity.busy(0.6).gpu == pytest.approx(0.35)  # the second one in flight
+    assert activity.busy(0.1).gpu == pytest.approx(0.1)
+    assert activity.busy(1.75).gpu == 0.0
+    assert activity.busy(100.0).gpu == 0.0
 
 
 def test_decode_streams_memory_and_prefill_computes() -> None:
     decode, prefill = GpuActivity(), GpuActivity()
     decode.record(0.0, 1.0, DECODE)
     prefill.record(0.0, 1.0, PREFILL)
-    d, p = decode.busy(1.0, STEPS.step_time), prefill.busy(1.0, STEPS.step_time)
+    d, p = decode.busy(1.0), prefill.busy(1.0)
     assert d.gpu == p.gpu == 1.0
     assert d.memory > 0.7  # decode is bandwidth-bound
     assert 0.0 < p.memory < 0.3  # a long prefill is compute-bound
     # the step's CPU part (scheduling, sampling) is not kernel time
-    timed = STEPS.step_time(DECODE)
-    assert d.engine == pytest.approx(1.0 - timed.overhead / timed.seconds)
+    assert d.engine == pytest.approx(1.0 - DECODE.overhead / DECODE.seconds)
     assert 0.8 < d.engine < 1.0
+
+
+def test_a_slowed_step_keeps_its_shares() -> None:
+    slowed = GpuActivity()
+    slowed.record(0.0, 3 * DECODE.seconds, DECODE)  # --fault-slowdown 3
+    busy = slowed.busy(1.0)
+    assert busy.gpu == pytest.approx(3 * DECODE.seconds)
+    assert busy.memory == pytest.approx(3 * DECODE.memory)
 
 
 def test_old_steps_leave_the_window_however_many_ran() -> None:
     activity = GpuActivity(window_s=1.0)
-    for i in range(20_000):  # 20 s of back-to-back 1 ms steps
+    for i in range(20_000):  # 20 s of back-to-back 1 ms decode steps
         activity.record(i * 0.001, (i + 1) * 0.001, DECODE)
-    assert activity.busy(20.0, STEPS.step_time).gpu == pytest.approx(1.0)
-    assert activity.busy(20.5, STEPS.step_time).gpu == pytest.approx(0.5)
+    assert activity.busy(20.0).gpu == pytest.approx(1.0)
+    assert activity.busy(20.0).memory == pytest.approx(DECODE.memory / DECODE.seconds)
+    assert activity.busy(20.5).gpu == pytest.approx(0.5)
+    assert activity.busy(19.9995).gpu == pytest.approx(1.0)  # the last step, in flight
+    # a pause, then one step: only that step is in the window
+    activity.record(30.0, 30.25, PREFILL)
+    assert activity.busy(30.5).gpu == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize("window", [0.0, -1.0, float("inf"), float("nan")])

@@ -17,8 +17,9 @@ Labels, in dcgm-exporter's names: ``gpu`` (the GPU's index in the replica), ``UU
 (``GPU-`` and a random UUID per process: the replicas of a fleet share a seed, never a GPU),
 ``device`` (``nvidia0``, …), ``modelName`` (the catalog GPU's display name) and ``Hostname``.
 
-The loop records each step as it plans it (start, end, batch: its end is known then), and a
-scrape sums what falls inside the last ``window`` of modelled time::
+The loop records each step as it plans it (start, end, and the perf model's split of its
+time: all known then), and a scrape sums what falls inside the last ``window`` of modelled
+time::
 
       now − window                                               now
           │   ┌─step─┐┌──step──┐       idle       ┌───step in flight───┐
@@ -33,18 +34,21 @@ docs/sim-engine.md says what the model leaves out.
 
 from __future__ import annotations
 
+import bisect
 import math
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
+from typing import NamedTuple
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpufleet.catalog import GPUSpec
 from gpufleet.engine.model import ReplicaModel
-from gpufleet.perf import BatchShape, StepTime
+from gpufleet.perf import StepTime
 
 DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname")
 WINDOW_S = 1.0
@@ -72,39 +76,71 @@ class Busy:
     """HBM was streaming."""
 
 
+class _Step(NamedTuple):  # a tuple: one is built per step, in the engine loop
+    start: float
+    end: float
+    engine: float
+    """Share of the step its kernels ran."""
+    memory: float
+    """Share of the step HBM streamed."""
+    before: tuple[float, float, float]
+    """Busy seconds (gpu, engine, memory) of every step recorded before this one."""
+
+
 class GpuActivity:
-    """The steps the modelled GPU ran within the last ``window_s`` modelled seconds."""
+    """The steps the modelled GPU ran within the last ``window_s`` modelled seconds.
+
+    Each step keeps the busy seconds of all the steps before it, so a window's share is two
+    lookups however many steps it holds (a scrape must not stall the engine loop)::
+
+        busy(now) = (through(now) − through(now − window)) / window
+        through(t) = step.before + the part of that step before t   (the last step begun by t)
+    """
 
     def __init__(self, window_s: float = WINDOW_S) -> None:
         if not (math.isfinite(window_s) and window_s > 0):
             raise ValueError(f"window_s must be a finite number > 0, got {window_s}")
         self.window_s = window_s
-        self._steps: deque[tuple[float, float, BatchShape]] = deque()
+        self._steps: deque[_Step] = deque()
+        self._total = (0.0, 0.0, 0.0)
 
-    def record(self, start: float, end: float, batch: BatchShape) -> None:
-        """A step that runs ``batch`` from ``start`` to ``end``; steps come in time order."""
-        steps = self._steps
-        steps.append((start, end, batch))
-        horizon = start - self.window_s
-        while steps[0][1] <= horizon:
+    def record(self, start: float, end: float, timing: StepTime) -> None:
+        """A step from ``start`` to ``end`` that ``timing`` splits; steps come in time order
+        and do not overlap (the loop starts one where the last ended, or later)."""
+        seconds = timing.seconds
+        engine = memory = 0.0
+        if seconds > 0.0:
+            engine = max(0.0, seconds - timing.overhead - timing.pipeline_bubble) / seconds
+            memory = min(1.0, timing.memory / seconds)
+        steps, (gpu_s, engine_s, memory_s) = self._steps, self._total
+        steps.append(_Step(start, end, engine, memory, self._total))
+        length = end - start
+        self._total = (gpu_s + length, engine_s + engine * length, memory_s + memory * length)
+        horizon = start - 2 * self.window_s  # a window's start may trail the last step's
+        while steps[0].end <= horizon:
             steps.popleft()
 
-    def busy(self, now: float, step_time: Callable[[BatchShape], StepTime]) -> Busy:
-        """What the GPU did in ``[now − window_s, now]``; ``step_time`` splits each step."""
-        since = now - self.window_s
-        gpu = engine = memory = 0.0
-        for start, end, batch in self._steps:
-            overlap = min(end, now) - max(start, since)
-            if overlap <= 0.0:
-                continue
-            gpu += overlap
-            timed = step_time(batch)
-            if timed.seconds > 0.0:
-                kernels = timed.seconds - timed.overhead - timed.pipeline_bubble
-                engine += overlap * max(0.0, kernels) / timed.seconds
-                memory += overlap * min(1.0, timed.memory / timed.seconds)
+    def busy(self, now: float) -> Busy:
+        """What the GPU did in ``[now − window_s, now]``."""
         window = self.window_s
-        return Busy(min(1.0, gpu / window), min(1.0, engine / window), min(1.0, memory / window))
+        gpu0, engine0, memory0 = self._through(now - window)
+        gpu1, engine1, memory1 = self._through(now)
+        return Busy(
+            min(1.0, (gpu1 - gpu0) / window),
+            min(1.0, (engine1 - engine0) / window),
+            min(1.0, (memory1 - memory0) / window),
+        )
+
+    def _through(self, t: float) -> tuple[float, float, float]:
+        """Busy seconds from the first step up to ``t``."""
+        steps = self._steps
+        i = bisect.bisect_right(steps, t, key=itemgetter(0)) - 1
+        if i < 0:  # before every step kept: all that came earlier has ended
+            return steps[0].before if steps else self._total
+        step = steps[i]
+        ran = min(t, step.end) - step.start
+        gpu, engine, memory = step.before
+        return (gpu + ran, engine + step.engine * ran, memory + step.memory * ran)
 
 
 class DcgmCollector(Collector):
@@ -123,7 +159,6 @@ class DcgmCollector(Collector):
         self._model = model
         self._activity = activity
         self._now = now
-        self._step_time = model.step_time_model.step_time
         self.total_mib = round(gpu.memory_gib * 1024)
         """The device's memory as the driver reports it (the catalog's ``memory_gib``)."""
         self.resident_bytes = plan.weights + plan.activation + plan.overhead
@@ -142,7 +177,7 @@ class DcgmCollector(Collector):
         return min(self.total_mib, int(used // _MIB))
 
     def collect(self) -> Iterator[Metric]:
-        busy = self._activity.busy(self._now(), self._step_time)
+        busy = self._activity.busy(self._now())
         used = self.fb_used_mib()
         power = self.idle_watts + (self.tdp_watts - self.idle_watts) * busy.gpu
         for name, doc, value in (
