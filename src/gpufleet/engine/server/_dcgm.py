@@ -52,7 +52,7 @@ from gpufleet.perf import StepTime
 
 DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname")
 WINDOW_S = 1.0
-"""Modelled seconds a utilisation gauge looks back over (the driver samples about as often)."""
+"""Modelled seconds the utilisation gauges look back over."""
 IDLE_SHARE_OF_TDP = 120.0 / 700.0
 """Idle draw as a share of TDP, for GPUs the catalog has no idle figure for: the ratio
 measured on H100 SXM and H200 (120 W of 700 W; docs/catalog.md)."""
