@@ -82,6 +82,7 @@ def test_h100_sxm_by_hand() -> None:
     assert gpu.interconnect.kind is LinkKind.NVLINK
     assert gpu.interconnect.gpu_link_gb_s == 900
     assert gpu.tdp_watts == 700
+    assert gpu.idle_watts == 120
     assert gpu.memory_bytes == pytest.approx(81559 * 2**20, rel=1e-5)
 
 
@@ -134,3 +135,12 @@ def test_with_price_overrides_only_the_price() -> None:
     assert cheaper.model_dump(exclude={"price_per_hour_usd"}) == gpu.model_dump(
         exclude={"price_per_hour_usd"}
     )
+
+
+@pytest.mark.parametrize("name", ALL_GPUS)
+def test_idle_power_is_measured_or_absent_and_below_the_tdp(name: str) -> None:
+    gpu = get_gpu(name)
+    if gpu.idle_watts is None:
+        return
+    assert gpu.idle_watts < gpu.tdp_watts / 2
+    assert "idle" in gpu.sources["power"].lower()

@@ -53,6 +53,9 @@ class GPUSpec(BaseModel):
     int8_tops: PositiveFloat | None = None
     interconnect: Interconnect
     tdp_watts: PositiveFloat
+    idle_watts: PositiveFloat | None = None
+    """Draw with the engine up and no work (P0, a CUDA context open), where measured; ``None``
+    where the catalog has no measurement."""
     price_per_hour_usd: PositiveFloat
     sources: dict[str, str] = Field(min_length=1)
 

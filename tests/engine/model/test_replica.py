@@ -190,11 +190,13 @@ def test_step_duration_is_the_perf_model_time_of_exactly_that_batch() -> None:
     expected = BatchShape.prefill(511, 0) + BatchShape.decode([21])
     assert plan.batch == expected
     assert plan.duration == model.step_time_model.step_time(expected).seconds
+    assert plan.timing == model.step_time_model.step_time(expected)
     model.finish_step(plan, driver.now + plan.duration)
     model.set_slowdown(3.0)
     slow = model.plan_step(driver.now)
     assert slow is not None
     assert slow.duration == pytest.approx(3.0 * model.step_time_model.step_time(slow.batch).seconds)
+    assert slow.timing == model.step_time_model.step_time(slow.batch)  # before slowdown
 
 
 def test_max_num_seqs_caps_the_running_batch() -> None:
@@ -557,3 +559,14 @@ def test_siblings_added_together_hit_the_first_ones_blocks_in_the_same_step() ->
     driver.step()
     assert driver.plans[0].num_scheduled_tokens == {"s0": 70, "s1": 6, "s2": 6}
     assert [driver.outputs[f"s{i}"][0].num_cached_tokens for i in range(3)] == [0, 64, 64]
+
+
+def test_memory_plan_is_the_one_the_kv_cache_was_cut_from() -> None:
+    model = make_replica(num_gpu_blocks_override=None, tp=2)
+    plan = model.memory_plan()
+    assert model.num_gpu_blocks == plan.kv_blocks > 0
+    assert plan.weights < make_replica(num_gpu_blocks_override=None).memory_plan().weights
+    # an override sizes the cache, not the layout
+    overridden = make_replica(num_gpu_blocks_override=10, tp=2)
+    assert overridden.num_gpu_blocks == 10
+    assert overridden.memory_plan() == plan

@@ -107,7 +107,8 @@ def _queries(board: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression reads; ``AssertionError`` on a bare word that is
-    neither a metric (ours all have a ``:``) nor PromQL."""
+    neither a metric (ours and vLLM's all have a ``:``, dcgm-exporter's start ``DCGM_FI_``)
+    nor PromQL."""
     text = re.sub(r'"[^"]*"', "", expr)  # strings: matcher values, label_values' args
     text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
     text = re.sub(r"\[[^\]]*\]", "", text)  # range durations
@@ -115,7 +116,7 @@ def _metric_names(expr: str) -> set[str]:
     text = re.sub(r"label_values\(([^,]+),[^)]*\)", r"\1", text)  # its label argument
     text = re.sub(r"\b\d+(\.\d+)?(e-?\d+)?\b", "", text)  # numbers (1e-9)
     words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_:]*", text))
-    metrics = {w for w in words if ":" in w}
+    metrics = {w for w in words if ":" in w or w.startswith("DCGM_FI_")}
     unknown = words - metrics - PROMQL_WORDS
     assert not unknown, f"{expr}: {sorted(unknown)} are neither metrics nor PromQL"
     return metrics
@@ -152,6 +153,9 @@ async def test_every_metric_a_panel_queries_is_one_the_code_exports(exported: se
         "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_hits_total",
         "vllm:prefix_cache_queries_total",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_POWER_USAGE",
     ):
         assert wanted in queried, wanted
     print(f"\n{len(_queries(board))} queries read {len(queried)} metrics, all exported")
@@ -159,8 +163,37 @@ async def test_every_metric_a_panel_queries_is_one_the_code_exports(exported: se
 
 def test_the_parser_catches_a_misspelt_metric() -> None:
     assert _metric_names('sum by (le) (rate(vllm:x_bucket{a="b:c"}[5m]))') == {"vllm:x_bucket"}
+    assert _metric_names("avg by (pod) (DCGM_FI_DEV_GPU_UTIL) and on (pod) vllm:x") == {
+        "DCGM_FI_DEV_GPU_UTIL",
+        "vllm:x",
+    }
     with pytest.raises(AssertionError, match="neither metrics nor PromQL"):
         _metric_names("sum(rate(gateway_requests_total[5m]))")  # no namespace: not ours
+    with pytest.raises(AssertionError, match="neither metrics nor PromQL"):
+        _metric_names("avg(DCGM_DEV_GPU_UTIL)")  # dcgm-exporter's names all start DCGM_FI_
+
+
+def test_the_gpu_panels_sit_by_queue_and_kv_fill_and_keep_the_pods_of_the_model() -> None:
+    board = dashboard()
+    engines = [p for p in board["panels"] if p["type"] != "row"][-10:]
+    titles = [p["title"] for p in engines]
+    assert titles[:6] == [
+        "Running requests",
+        "Waiting requests",
+        "KV-cache usage",
+        "GPU utilisation",
+        "GPU memory used",
+        "GPU power",
+    ]
+    units = {"GPU utilisation": "percent", "GPU memory used": "mbytes", "GPU power": "watt"}
+    for panel in engines[3:6]:
+        assert panel["fieldConfig"]["defaults"]["unit"] == units[panel["title"]]
+        (target,) = panel["targets"]
+        assert target["legendFormat"] == "{{pod}}"
+        # per replica (pod), and only the pods that serve $model: dcgm-exporter has no model
+        expr = target["expr"]
+        assert re.match(r"(avg|max|sum) by \(pod\) \(DCGM_FI_DEV_\w+\) and on \(pod\) ", expr)
+        assert 'model_name=~"$model"' in expr
 
 
 def test_panels_have_unique_ids_sane_layout_and_the_datasource_variable() -> None:

@@ -32,7 +32,14 @@ from gpufleet.engine.model._types import (
     RequestOutput,
     StepPlan,
 )
-from gpufleet.perf import BatchShape, EngineLimits, Parallelism, StepTimeModel, memory_plan
+from gpufleet.perf import (
+    BatchShape,
+    EngineLimits,
+    MemoryPlan,
+    Parallelism,
+    StepTimeModel,
+    memory_plan,
+)
 
 
 class ReplicaModel:
@@ -97,6 +104,12 @@ class ReplicaModel:
     @property
     def step_time_model(self) -> StepTimeModel:
         return self._steps
+
+    def memory_plan(self) -> MemoryPlan:
+        """One GPU of this replica (the most loaded one) as ``perf.memory_plan`` lays it out:
+        weights, activation workspace, overhead and the KV budget. ``num_gpu_blocks`` is the
+        plan's ``kv_blocks`` unless ``num_gpu_blocks_override`` set it."""
+        return _memory_plan(self._config)
 
     @property
     def slowdown(self) -> float:
@@ -165,12 +178,14 @@ class ReplicaModel:
             decode_seqs=len(budget.decodes),
             decode_context=budget.decode_context,
         )
+        timing = self._steps.step_time(batch)
         plan = StepPlan(
-            duration=self._steps.step_time(batch).seconds * self._slowdown,
+            duration=timing.seconds * self._slowdown,
             batch=batch,
             step=self._step,
             decodes=tuple(budget.decodes),
             prefills=tuple((request, count) for request, _, count in budget.prefills),
+            timing=timing,
         )
         self._step += 1
         self._in_flight = plan
@@ -527,16 +542,14 @@ class ReplicaModel:
             raise ValueError(f"token id {bad} is out of vocabulary (vocab size {vocab})")
 
 
-def _num_gpu_blocks(config: ReplicaConfig) -> int:
-    if config.num_gpu_blocks_override is not None:
-        return config.num_gpu_blocks_override
+def _memory_plan(config: ReplicaConfig) -> MemoryPlan:
     limits = EngineLimits(
         gpu_memory_utilization=config.gpu_memory_utilization,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         block_size=config.block_size,
     )
-    plan = memory_plan(
+    return memory_plan(
         config.model,
         config.gpu,
         parallel=Parallelism(tp=config.tp, pp=config.pp),
@@ -544,6 +557,12 @@ def _num_gpu_blocks(config: ReplicaConfig) -> int:
         kv_dtype=config.kv_dtype,
         limits=limits,
     )
+
+
+def _num_gpu_blocks(config: ReplicaConfig) -> int:
+    if config.num_gpu_blocks_override is not None:
+        return config.num_gpu_blocks_override
+    plan = _memory_plan(config)
     if plan.kv_blocks < 1:
         raise ValueError(
             f"{config.model.name} does not fit on {config.tp * config.pp} x {config.gpu.name} "

@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from gpufleet.catalog import GPUSpec, ModelSpec
-from gpufleet.perf import BatchShape, Dtype
+from gpufleet.perf import BatchShape, Dtype, StepTime
 
 if TYPE_CHECKING:
     from gpufleet.engine.model._request import Request
@@ -139,7 +139,8 @@ class StepPlan:
     """One iteration, decided by ``plan_step`` and applied by ``finish_step``.
 
     Shells read ``duration`` (seconds on the modelled GPU, slowdown included) and may log
-    ``batch`` and ``num_scheduled_tokens``; the rest is the model's own bookkeeping.
+    ``batch``, ``timing`` and ``num_scheduled_tokens``; the rest is the model's own
+    bookkeeping.
     """
 
     duration: float
@@ -149,6 +150,9 @@ class StepPlan:
     decodes: tuple[Request, ...] = field(repr=False, compare=False)
     prefills: tuple[tuple[Request, int], ...] = field(repr=False, compare=False)
     """(request, tokens) for each prompt chunk."""
+    timing: StepTime = field(repr=False, compare=False)
+    """Where the step's time goes, as ``perf`` splits it, before slowdown (``duration`` is
+    ``timing.seconds × slowdown``)."""
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

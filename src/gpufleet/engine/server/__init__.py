@@ -3,6 +3,7 @@
 from gpufleet.engine.server._app import create_app
 from gpufleet.engine.server._clock import Clock, ScaledClock, VirtualClock
 from gpufleet.engine.server._config import FaultConfig, SimEngineConfig
+from gpufleet.engine.server._dcgm import DCGM_LABELS, DcgmCollector, GpuActivity
 from gpufleet.engine.server._engine import SimEngine
 from gpufleet.engine.server._errors import ApiError
 from gpufleet.engine.server._faults import CRASH_EXIT_STATUS, Faults
@@ -11,13 +12,16 @@ from gpufleet.engine.server._metrics import EngineMetrics
 
 __all__ = [
     "CRASH_EXIT_STATUS",
+    "DCGM_LABELS",
     "ApiError",
     "Clock",
+    "DcgmCollector",
     "EngineDeadError",
     "EngineLoop",
     "EngineMetrics",
     "FaultConfig",
     "Faults",
+    "GpuActivity",
     "RequestStream",
     "ScaledClock",
     "SimEngine",

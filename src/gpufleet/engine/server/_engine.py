@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import secrets
+import socket
 import time
 from collections.abc import Iterable, MutableMapping
 from typing import Any
@@ -12,6 +13,7 @@ from gpufleet.engine._tokenizer import Tokenizer
 from gpufleet.engine.model import NewRequest, ReplicaModel
 from gpufleet.engine.server._clock import Clock
 from gpufleet.engine.server._config import SimEngineConfig
+from gpufleet.engine.server._dcgm import DcgmCollector
 from gpufleet.engine.server._errors import EngineUnavailableError, PromptTooLongError
 from gpufleet.engine.server._faults import Faults
 from gpufleet.engine.server._loop import EngineDeadError, EngineLoop, RequestStream
@@ -48,6 +50,10 @@ class SimEngine:
             },
         )
         self.loop = EngineLoop(self.model, clock, self.metrics)
+        hostname = socket.gethostname()
+        self.gpus = DcgmCollector(self.model, self.metrics.activity, clock.now, hostname)
+        """dcgm-exporter's gauges for the replica's GPUs, modelled (``DCGM_FI_*``)."""
+        self.metrics.registry.register(self.gpus)
         self.faults = Faults(config.faults, random.Random(config.seed))
         self._next_request = 0
         self.created = int(time.time())

@@ -151,6 +151,7 @@ class EngineLoop:
                 continue
             idle = False
             end = start + plan.duration
+            self._metrics.activity.record(start, end, plan.timing)
             await clock.sleep_until(end - self._early)
             self._t = max(self._t, self._woke(end))
             self._dispatch(model.finish_step(plan, end), end)

@@ -19,7 +19,9 @@ histograms are observed by the loop in *modelled* seconds, as the step ends::
     vllm:cache_config_info               gauge = 1  labels: block_size, num_gpu_blocks, …
     gpufleet:sim_engine_lag_seconds_total counter   real time the loop fell behind the model
 
-Every series has vLLM's labels ``model_name`` and ``engine`` ("0").
+Every series has vLLM's labels ``model_name`` and ``engine`` ("0"). The loop also records each
+step in ``activity``, from which ``_dcgm.py`` models dcgm-exporter's GPU gauges (``DCGM_FI_*``,
+with dcgm-exporter's labels), registered by the engine in the same registry.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpufleet.engine.model import ReplicaStats
+from gpufleet.engine.server._dcgm import GpuActivity
 
 LABELS = ("model_name", "engine")
 FINISHED_REASONS = ("stop", "length", "abort")
@@ -145,6 +148,8 @@ class EngineMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.shell = ShellCounts()
+        self.activity = GpuActivity()
+        """The steps the modelled GPU ran lately, recorded by the loop as it plans them."""
         labels = (model_name, "0")
         self.registry.register(
             _StatsCollector(stats, self.shell, labels, {**cache_info, "engine": "0"})

@@ -14,13 +14,17 @@
     Autoscaler     desired vs current vs ready vs forecast, demand and forecast demand,
                    utilisation and panic, held requests and their outcomes, scale-up lag,
                    which gateway replica leads (operator mode)
-    Engines        running / waiting requests, KV-cache usage, prefix-cache hit rate, tokens/s,
-                   preemptions, TTFT at the engines
+    Engines        running / waiting requests, KV-cache usage, then the GPUs of each replica
+                   (utilisation, framebuffer memory used, power: dcgm-exporter's names), then
+                   prefix-cache hit rate, tokens/s, preemptions, TTFT at the engines
 
 Series from several gateway replicas are summed (counters, in-flight) or maxed (the
 autoscaler's gauges: every replica decides, the leader's decision is the one that acts and
 all see the same pool). ``$model`` filters the gateway's ``model`` label and the engines'
-``model_name`` (the served name is the pool's name).
+``model_name`` (the served name is the pool's name). The GPU panels read dcgm-exporter's
+series, which carry no model: they keep the pods that also export an engine series of
+``$model`` (``and on (pod)``), so one query serves a sim engine (which models them itself) and
+a vLLM pod watched by dcgm-exporter.
 """
 
 from __future__ import annotations
@@ -90,6 +94,15 @@ def _quantiles(metric: str, selector: str, legend: str) -> list[tuple[str, str]]
         )
         for q in (0.5, 0.9, 0.99)
     ]
+
+
+def _gpus_of_replicas(aggregation: str, metric: str) -> str:
+    """``metric`` per engine pod of ``$model``: dcgm-exporter's series carry the pod that holds
+    the GPU, not the model, so they are kept where that pod exports a vLLM series of ``$model``."""
+    return (
+        f"{aggregation} by (pod) ({metric}) "
+        f"and on (pod) max by (pod) (vllm:num_requests_running{{{_E}}})"
+    )
 
 
 def _rows() -> list[tuple[str, list[Panel]]]:
@@ -292,6 +305,28 @@ def _rows() -> list[tuple[str, list[Panel]]]:
             [(f"max by (model_name, pod) (vllm:kv_cache_usage_perc{{{_E}}})", "{{pod}}")],
             unit="percentunit",
             maximum=1,
+        ),
+        _panel(
+            "GPU utilisation",
+            [(_gpus_of_replicas("avg", "DCGM_FI_DEV_GPU_UTIL"), "{{pod}}")],
+            unit="percent",
+            maximum=100,
+            description="Share of recent time the replica's GPUs were busy "
+            "(DCGM_FI_DEV_GPU_UTIL, the mean over its GPUs).",
+        ),
+        _panel(
+            "GPU memory used",
+            [(_gpus_of_replicas("max", "DCGM_FI_DEV_FB_USED"), "{{pod}}")],
+            unit="mbytes",
+            description="Framebuffer memory used on the replica's fullest GPU "
+            "(DCGM_FI_DEV_FB_USED). A sim engine counts the KV blocks in use; vLLM reserves its "
+            "whole KV pool at start, so a real GPU shows it full (docs/sim-engine.md).",
+        ),
+        _panel(
+            "GPU power",
+            [(_gpus_of_replicas("sum", "DCGM_FI_DEV_POWER_USAGE"), "{{pod}}")],
+            unit="watt",
+            description="Power drawn by the replica's GPUs together (DCGM_FI_DEV_POWER_USAGE).",
         ),
         _panel(
             "Prefix-cache hit rate",
