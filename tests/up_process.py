@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ def start_up(
             env={**(env if env is not None else os.environ), "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
     deadline = time.monotonic() + timeout
-    while not (found := re.search(r"listening on (http://\S+)", log.read_text())):
+    while not (found := re.search(r"listening on (https?://\S+)", log.read_text())):
         if process.poll() is not None or time.monotonic() > deadline:
             stop(process)
             raise AssertionError(f"gpufleet up did not start:\n{log.read_text()}")
@@ -40,10 +41,11 @@ def start_up(
     return process, found.group(1)
 
 
-def wait_ready(base: str, timeout: float = 10.0) -> None:
-    """Until the gateway's ``/ready`` answers 200 (its first health probes answered)."""
+def wait_ready(base: str, timeout: float = 10.0, verify: ssl.SSLContext | bool = True) -> None:
+    """Until the gateway's ``/ready`` answers 200 (its first health probes answered);
+    ``verify``: what an ``https://`` gateway's certificate is checked with."""
     deadline = time.monotonic() + timeout
-    while httpx.get(base + "/ready").status_code != 200:
+    while httpx.get(base + "/ready", verify=verify).status_code != 200:
         assert time.monotonic() < deadline, f"{base}/ready is not 200 after {timeout:g} s"
         time.sleep(0.05)
 
@@ -56,9 +58,12 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def sim_engine_process(*args: str, timeout: float = 30.0) -> Iterator[str]:
+def sim_engine_process(
+    *args: str, timeout: float = 30.0, verify: ssl.SSLContext | bool = True
+) -> Iterator[str]:
     """``gpufleet engine sim --port 0 ARGS…`` as a child process (it can crash, or be
-    crashed, without taking the test along); yields its URL once ``/health`` answers."""
+    crashed, without taking the test along); yields its URL once ``/health`` answers
+    (``verify``: what an ``https://`` one's certificate is checked with)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "engine", "sim", "--port", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -69,7 +74,7 @@ def sim_engine_process(*args: str, timeout: float = 30.0) -> Iterator[str]:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                if httpx.get(url + "/health", timeout=1, verify=verify).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

@@ -13,6 +13,8 @@ from gpufleet.config import (
     STARTUP_TIMEOUTS,
     EngineKind,
     FleetFileError,
+    TenantsConfig,
+    is_loopback,
     load_fleet,
     parse_fleet,
 )
@@ -285,3 +287,94 @@ def test_autoscale_pool_starts_at_min_and_checks_its_bounds() -> None:
                 ]
             }
         )
+
+
+def _external(endpoints: list[str], **more: object) -> dict[str, object]:
+    return {"name": "remote", "engine": "external", "endpoints": endpoints, **more}
+
+
+def _tls(cert: Path, key: Path, **more: object) -> dict[str, object]:
+    return {"gateway": {"tls": {"cert_file": str(cert), "key_file": str(key), **more}}}
+
+
+def test_tls_on_the_gateway_and_a_ca_bundle_for_https_endpoints(tmp_path: Path) -> None:
+    for name in ("tls.pem", "tls.key", "ca.pem"):
+        (tmp_path / name).write_text("PEM, checked when the gateway loads it\n")
+    fleet = parse_fleet(
+        {
+            **_tls(tmp_path / "tls.pem", tmp_path / "tls.key"),
+            "models": [
+                _external(
+                    ["https://gpu-a.internal:8443", "http://10.0.0.2:8000"],
+                    ca_file=str(tmp_path / "ca.pem"),
+                )
+            ],
+        }
+    )
+    tls = fleet.gateway.tls
+    assert tls is not None
+    assert (tls.cert_file, tls.key_file) == (str(tmp_path / "tls.pem"), str(tmp_path / "tls.key"))
+    assert tls.reload_interval == 5.0
+    assert fleet.models[0].ca_file == str(tmp_path / "ca.pem")
+    assert parse_fleet({"models": [{"name": "llama-3.1-8b"}]}).gateway.tls is None
+
+
+def test_tls_errors_name_the_field_and_the_path(tmp_path: Path) -> None:
+    cert = tmp_path / "tls.pem"
+    cert.write_text("x")
+    missing = tmp_path / "nowhere" / "tls.key"
+    cases: list[tuple[dict[str, object], str]] = [
+        (_tls(cert, missing), f"gateway.tls.key_file: {missing}: no such file"),
+        (_tls(tmp_path, cert), f"gateway.tls.cert_file: {tmp_path}: a directory, not a file"),
+        ({"gateway": {"tls": {"cert_file": str(cert)}}}, "gateway.tls.key_file: Field required"),
+        (_tls(cert, cert, reload_interval=0), "gateway.tls.reload_interval: Input should be"),
+        (
+            {"models": [_external(["https://a:1"], ca_file=str(missing))]},
+            f"models[0].ca_file: {missing}: no such file",
+        ),
+        (
+            {"models": [_external(["http://a:1"], ca_file=str(cert))]},
+            "models[0]: ca_file: no endpoint is an https:// URL",
+        ),
+        (
+            {"models": [{"name": "llama-3.1-8b", "ca_file": str(cert)}]},
+            "models[0]: ca_file is for an external model's https:// endpoints, not 'sim'",
+        ),
+    ]
+    for data, message in cases:
+        data.setdefault("models", [{"name": "llama-3.1-8b"}])
+        with pytest.raises(FleetFileError) as caught:
+            parse_fleet(data, source="fleet.yaml")
+        assert str(caught.value).startswith(f"fleet.yaml: {message}")
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.1.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("", False),
+        ("10.0.0.5", False),
+        ("gateway.internal", False),
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_auth_written_tells_a_default_from_a_choice() -> None:
+    def tenants(data: dict[str, object]) -> TenantsConfig:
+        return parse_fleet({"models": [{"name": "llama-3.1-8b"}], **data}).tenants
+
+    assert not tenants({}).auth_written
+    assert not tenants({"tenants": {"refresh_interval": 1}}).auth_written
+    written = tenants({"tenants": {"auth": False}})
+    assert written.auth_written
+    assert written.auth is False
+    assert tenants({"tenants": {"auth": True}}).auth_written

@@ -26,6 +26,11 @@ runner = CliRunner()
         (["--max-num-seqs", "0"], "--max-num-seqs"),
         (["--block-size=x"], "--block-size 'x' is not an integer"),
         (["--enforce-eager"], "no such option: --enforce-eager"),
+        (["--ssl-certfile", "server.pem"], "--ssl-certfile and --ssl-keyfile go together"),
+        (
+            ["--ssl-certfile", "/no/server.pem", "--ssl-keyfile", "/no/server.key"],
+            "/no/server.pem: no such file",
+        ),
     ],
 )
 def test_bad_flags_give_one_line_and_exit_2(flags: list[str], message: str) -> None:

@@ -24,7 +24,14 @@ from prometheus_client import CollectorRegistry
 from gpufleet.config import FleetConfig, parse_fleet
 from gpufleet.engine.server import FaultConfig, SimEngineConfig, create_app
 from gpufleet.fleet import ReplicaId
-from gpufleet.gateway import Gateway, GatewayServer, StaticReplicas, Upstream, create_gateway
+from gpufleet.gateway import (
+    Gateway,
+    GatewayServer,
+    ServerTLS,
+    StaticReplicas,
+    Upstream,
+    create_gateway,
+)
 
 FAST = 200.0
 """Sim time scale: 200 modelled seconds per real second."""
@@ -32,16 +39,19 @@ MODEL = "llama-3.1-8b"
 
 
 @contextmanager
-def serve_app(app: Any, server_kind: str = "uvicorn") -> Iterator[str]:
+def serve_app(
+    app: Any, server_kind: str = "uvicorn", *, tls: ServerTLS | None = None
+) -> Iterator[str]:
     """Serve ``app`` on a free loopback port in a thread; yields its base URL.
 
     ``server_kind``: ``"uvicorn"`` or ``"own"`` (the gateway's ``GatewayServer`` on uvloop).
+    ``tls``: serve HTTPS with its certificate (uvicorn: its files, never reloaded).
     """
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server: uvicorn.Server | GatewayServer
     if server_kind == "own":
-        server = GatewayServer(app, graceful_timeout=2)
+        server = GatewayServer(app, graceful_timeout=2, tls=tls)
 
         def run() -> None:
             assert isinstance(server, GatewayServer)
@@ -49,7 +59,13 @@ def serve_app(app: Any, server_kind: str = "uvicorn") -> Iterator[str]:
     else:
         server = uvicorn.Server(
             uvicorn.Config(
-                app, log_level="warning", ws="none", lifespan="on", timeout_graceful_shutdown=2
+                app,
+                log_level="warning",
+                ws="none",
+                lifespan="on",
+                timeout_graceful_shutdown=2,
+                ssl_certfile=None if tls is None else tls.cert_file,
+                ssl_keyfile=None if tls is None else tls.key_file,
             )
         )
         run = partial(server.run, sockets=[sock])
@@ -61,7 +77,7 @@ def serve_app(app: Any, server_kind: str = "uvicorn") -> Iterator[str]:
             raise RuntimeError("server did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'http' if tls is None else 'https'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

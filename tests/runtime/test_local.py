@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -31,6 +32,8 @@ from gpufleet.runtime import (
     RuntimeSettings,
     RuntimeSnapshot,
 )
+from tests.tls_certs import TestCA
+from tests.up_process import sim_engine_process
 
 FAST = ReplicaProfile.from_argv(("--time-scale", "100", "--max-model-len", "2048"))
 MODEL = "llama-3.1-8b"
@@ -471,3 +474,26 @@ async def test_scale_retires_the_named_replica_and_standbys_are_promoted_then_re
 
         rt.set_standby(MODEL, 0)
         await wait(rt, lambda s: not s.standbys() and len(s.replicas) == 2)
+
+
+@pytest.mark.asyncio
+async def test_an_https_endpoint_is_probed_with_its_ca_file(tmp_path: Path) -> None:
+    ca = TestCA(tmp_path / "ca")
+    issued = ca.issue("replica")
+    trusted = ssl.create_default_context(cafile=str(ca.cert))
+    tls_flags = ("--ssl-certfile", str(issued.cert), "--ssl-keyfile", str(issued.key))
+    with sim_engine_process("--time-scale", "100", *tls_flags, verify=trusted) as url:
+        assert url.startswith("https://127.0.0.1:")
+        with_ca = EngineSpec(kind=EngineKind.EXTERNAL, endpoints=(url,), ca_file=str(ca.cert))
+        without = EngineSpec(kind=EngineKind.EXTERNAL, endpoints=(url,))  # the system's CAs
+        pools = [PoolSpec("trusted", with_ca, replicas=1), PoolSpec("plain", without, replicas=1)]
+        async with runtime(pools, tmp_path / "run", ready_timeout_s=0.5) as rt:
+            snapshot = await wait(
+                rt,
+                lambda s: (
+                    len(s.ready("trusted")) == 1
+                    and (r := s.get("plain-0")) is not None
+                    and r.state is ReplicaState.FAILED
+                ),
+            )
+            assert [r.url for r in snapshot.ready("trusted")] == [url]

@@ -129,6 +129,7 @@ def test_external_replicas_have_an_endpoint_and_nothing_to_launch() -> None:
         (lambda: EngineSpec(kind=EngineKind.EXTERNAL), "endpoint"),
         (lambda: EngineSpec(kind=EngineKind.EXTERNAL, endpoints=("a:1",)), "http"),
         (lambda: EngineSpec(endpoints=("http://a:1",)), "external"),
+        (lambda: EngineSpec(ca_file="ca.pem"), "ca_file is for external engines"),
         (lambda: RuntimeSettings(drain_timeout_s=0), "drain_timeout_s"),
         (lambda: RuntimeSettings(backoff_base_s=5, backoff_max_s=1), "backoff_max_s"),
     ],

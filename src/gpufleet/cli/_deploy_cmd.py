@@ -82,6 +82,12 @@ def k8s(
     with user_errors():
         path = fleet or DEFAULT_FLEET
         config = load_fleet(path)
+        if config.gateway.tls is not None:
+            raise ValueError(
+                "gateway.tls: not rendered for Kubernetes (the pod would mount no certificate "
+                "and its probes speak HTTP); terminate TLS at an Ingress or a load balancer "
+                "and leave gateway.tls out of this file"
+            )
         wanted = config.runtime.namespace
         if namespace is not None and wanted is not None and namespace != wanted:
             raise ValueError(
@@ -109,6 +115,11 @@ def k8s(
             raise ValueError(f"{out}: cannot write: {error.strerror or error}") from None
     for line in notes(spec):
         typer.echo(f"note: {line}")
+    if not config.tenants.auth and not config.tenants.auth_written:
+        typer.echo(
+            "note: the gateway pod listens on 0.0.0.0, so it requires API keys (tenants.auth "
+            "is not written); write `tenants.auth: false` to serve without them"
+        )
     typer.echo(f"wrote {len(files)} manifest(s) to {out} (namespace {namespace})")
     if stale:
         typer.echo(

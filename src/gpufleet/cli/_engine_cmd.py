@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import socket
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -93,6 +94,13 @@ def sim(
         bool, typer.Option(help="Serve POST /admin/faults to change faults at run time.")
     ] = False,
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    ssl_certfile: Annotated[
+        str | None,
+        typer.Option(help="Serve HTTPS with this PEM certificate chain (as vLLM's flag)."),
+    ] = None,
+    ssl_keyfile: Annotated[
+        str | None, typer.Option(help="The PEM private key of --ssl-certfile.")
+    ] = None,
 ) -> None:
     """Serve a simulated vLLM replica: OpenAI-compatible API, vLLM metrics, injectable faults.
 
@@ -102,6 +110,11 @@ def sim(
     with user_errors(_rename):
         config = engine_config(ctx)  # the options above, as click parsed them, and the rest
         sim_app = create_app(config)
+        if (ssl_certfile is None) != (ssl_keyfile is None):
+            raise ValueError("--ssl-certfile and --ssl-keyfile go together")
+        for path in (ssl_certfile, ssl_keyfile):
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{path}: no such file")
         try:
             sock = socket.create_server((host, port), family=_family(host), reuse_port=False)
         except OSError as error:
@@ -112,9 +125,10 @@ def sim(
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    scheme = "http" if ssl_certfile is None else "https"
     typer.echo(
         f"gpufleet sim engine: {config.name} on {config.gpu} (tp={config.tp}), "
-        f"listening on http://{shown}:{bound_port}, time scale {config.time_scale:g} "
+        f"listening on {scheme}://{shown}:{bound_port}, time scale {config.time_scale:g} "
         "(latencies in modelled seconds)",
     )
     server = uvicorn.Server(
@@ -124,6 +138,8 @@ def sim(
             access_log=access_log,
             ws="none",
             timeout_graceful_shutdown=5,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
         )
     )
     server.run(sockets=[sock])

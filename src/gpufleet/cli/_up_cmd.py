@@ -5,6 +5,11 @@ the gateway (its own HTTP server, ``GatewayServer``, inside the runtime's block)
 the ready ones. Ctrl-C or SIGTERM stops the gateway first (its in-flight requests finish),
 then the runtime drains and stops every replica.
 
+With ``gateway.tls`` the gateway serves HTTPS (its certificate reloaded when the files
+change); ``https://`` endpoints are verified with their model's ``ca_file``. A gateway that
+listens on anything but loopback requires API keys unless the file writes ``tenants.auth:
+false`` (then it warns).
+
 With ``runtime: kubernetes`` (or ``--runtime kubernetes``: what the rendered gateway
 Deployment runs) the gateway is in a cluster: the replicas are the pods of each pool's
 Deployment, found through their EndpointSlices and scaled through ``deployments/scale``
@@ -20,6 +25,7 @@ import signal
 import socket
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Annotated, Protocol
 
@@ -27,13 +33,23 @@ import typer
 from prometheus_client import CollectorRegistry
 
 from gpufleet.cli._errors import user_errors
-from gpufleet.config import DEFAULT_FLEET, FleetConfig, ModelConfig, RuntimeKind, load_fleet
+from gpufleet.config import (
+    DEFAULT_FLEET,
+    FleetConfig,
+    ModelConfig,
+    RuntimeKind,
+    is_loopback,
+    load_fleet,
+)
 from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.gateway import (
     Gateway,
     GatewayServer,
+    Http11ReplicaClient,
     ReplicaSource,
+    ReplicaTLS,
     ScaleActuator,
+    ServerTLS,
     Tenancy,
     Upstream,
     admin_key,
@@ -147,6 +163,7 @@ def pool_spec(model: ModelConfig, seed: int) -> PoolSpec:
         ready_timeout_s=model.startup_timeout,
         env=model.env,
         endpoints=model.endpoints,
+        ca_file=model.ca_file,
     )
     prewarm = model.autoscale.prewarm if model.autoscale is not None else 0
     return PoolSpec(
@@ -194,12 +211,12 @@ def up(
     """
     with user_errors():
         config = load_fleet(fleet or DEFAULT_FLEET)
-        if auth and not config.tenants.auth:
-            tenants = config.tenants.model_copy(update={"auth": True})
-            config = config.model_copy(update={"tenants": tenants})
-        pools = [pool_spec(m, config.gateway.seed) for m in config.models]
         bind_host = host or config.gateway.host
         bind_port = config.gateway.port if port is None else port
+        config, why = secure_default(config, bind_host, auth=auth)
+        pools = [pool_spec(m, config.gateway.seed) for m in config.models]
+        tls = server_tls(config)
+        replica_tls = ReplicaTLS.of(config)
         try:
             family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
             sock = socket.create_server((bind_host, bind_port), family=family)
@@ -212,16 +229,71 @@ def up(
         except OSError as error:
             sock.close()
             raise ValueError(f"cannot write the recording {record}: {error.strerror}") from None
+    if why is not None:
+        typer.echo(why)
     with contextlib.ExitStack() as stack:
         if recording is not None:
             stack.enter_context(recording)
+        serving = Serving(sock, tls, replica_tls, recording)
         if (runtime or config.runtime.kind) is RuntimeKind.KUBERNETES:
             with sock, asyncio.Runner(loop_factory=_loop_factory()) as runner:
-                runner.run(_serve_in_cluster(config, pools, sock, recording))
+                runner.run(_serve_in_cluster(config, pools, serving))
             return
         logs = run_dir or Path(tempfile.mkdtemp(prefix="gpufleet-run-"))
         with sock, asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(_serve(config, pools, sock, logs, recording))
+            runner.run(_serve(config, pools, serving, logs))
+
+
+def secure_default(config: FleetConfig, host: str, *, auth: bool) -> tuple[FleetConfig, str | None]:
+    """The fleet as served on ``host``, and a line to show about auth (or ``None``).
+
+    Auth is on with ``--auth`` or ``tenants.auth: true``; on a loopback ``host`` the file's
+    value (default off) holds. Elsewhere a gateway others can reach does not serve anyone by
+    default: auth goes on, unless the file writes ``tenants.auth: false`` (then a warning).
+    """
+    if auth or config.tenants.auth:
+        return _with_auth(config), None
+    if is_loopback(host):
+        return config, None
+    if config.tenants.auth_written:
+        return config, (
+            f"warning: auth is off (tenants.auth: false) and the gateway listens on {host}, "
+            "not on loopback: anyone who reaches it can use it"
+        )
+    return _with_auth(config), (
+        f"note: the gateway listens on {host}, not on loopback: API keys required "
+        "(write `tenants.auth: false` in the fleet file to serve without them)"
+    )
+
+
+def _with_auth(config: FleetConfig) -> FleetConfig:
+    if config.tenants.auth:
+        return config
+    tenants = config.tenants.model_copy(update={"auth": True})
+    return config.model_copy(update={"tenants": tenants})
+
+
+def server_tls(config: FleetConfig) -> ServerTLS | None:
+    """The gateway's certificate (``gateway.tls``), loaded once here so that a pair that
+    does not load is the command's error, not the first handshake's."""
+    tls = config.gateway.tls
+    if tls is None:
+        return None
+    try:
+        return ServerTLS(tls.cert_file, tls.key_file, reload_interval=tls.reload_interval)
+    except ValueError as error:
+        raise ValueError(f"gateway.tls: {error}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """Where and how the gateway serves: its socket, its certificate, its replicas' CAs."""
+
+    sock: socket.socket
+    tls: ServerTLS | None
+    replica_tls: ReplicaTLS
+    record: IO[str] | None = None
+    """Where the control events go (``--record``)."""
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -258,17 +330,29 @@ def spare_warnings(config: FleetConfig, snapshot: RuntimeSnapshot) -> list[str]:
     return lines
 
 
-async def _serve(
-    config: FleetConfig,
-    pools: list[PoolSpec],
-    sock: socket.socket,
-    run_dir: Path,
-    record: IO[str] | None = None,
-) -> None:
+def _logging() -> None:
     # the gateway's and the runtime's warnings (N+1 lost, a replica restarted) on stderr
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
     # every autoscaling decision that acts, as one JSON line with its inputs
     logging.getLogger("gpufleet.autoscale").setLevel(logging.INFO)
+    # a certificate reloaded (or not: an error)
+    logging.getLogger("gpufleet.tls").setLevel(logging.INFO)
+
+
+def upstream_client(config: FleetConfig, serving: Serving) -> Http11ReplicaClient:
+    """The gateway's client to its replicas, with the fleet file's CA bundles for the
+    ``https://`` ones (the app would build one without them)."""
+    return Http11ReplicaClient(
+        connect=config.gateway.timeouts.connect,
+        max_idle=config.gateway.max_connections,
+        tls=serving.replica_tls,
+    )
+
+
+async def _serve(
+    config: FleetConfig, pools: list[PoolSpec], serving: Serving, run_dir: Path
+) -> None:
+    _logging()
     registry = CollectorRegistry()
     count = sum(p.replicas for p in pools)
     typer.echo(f"gpufleet up: {len(pools)} model(s), {count} replica(s), logs in {run_dir}")
@@ -294,48 +378,49 @@ async def _serve(
             typer.echo(line)
         scaled = any(m.autoscale is not None for m in config.models)
         tenancy = open_tenancy(config)
-        app = create_gateway(
-            config,
-            RuntimeReplicas(runtime),
-            registry,
-            actuator=RuntimeActuator(runtime) if scaled else None,
-            tenancy=tenancy,
-            record=record,
-        )
-        if record is not None:
-            typer.echo(f"recording control events to {record.name}")
-        await _serve_gateway(config, app, sock)
+        async with upstream_client(config, serving) as client:
+            app = create_gateway(
+                config,
+                RuntimeReplicas(runtime),
+                registry,
+                client=client,
+                actuator=RuntimeActuator(runtime) if scaled else None,
+                tenancy=tenancy,
+                record=serving.record,
+            )
+            if serving.record is not None:
+                typer.echo(f"recording control events to {serving.record.name}")
+            await _serve_gateway(config, app, serving)
         typer.echo("gateway stopped; draining replicas")
         await asyncio.Event().wait()  # the signal the server raises again stops the runtime
     typer.echo("stopped")
 
 
-async def _serve_gateway(config: FleetConfig, app: Gateway, sock: socket.socket) -> None:
-    """Serve ``app`` on ``sock`` until the server is told to stop (it handles the signals)."""
-    server = GatewayServer(app, graceful_timeout=5)
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not serving.done():
+async def _serve_gateway(config: FleetConfig, app: Gateway, serving: Serving) -> None:
+    """Serve ``app`` on the socket until the server is told to stop (it handles the signals)."""
+    server = GatewayServer(app, graceful_timeout=5, tls=serving.tls)
+    task = asyncio.create_task(server.serve(sockets=[serving.sock]))
+    while not server.started and not task.done():
         await asyncio.sleep(0.01)
     if server.started:
-        bound_host, bound_port = sock.getsockname()[:2]
+        bound_host, bound_port = serving.sock.getsockname()[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        base = f"http://{shown}:{bound_port}"
+        base = f"{server.scheme}://{shown}:{bound_port}"
         typer.echo(f"gateway listening on {base}")
         typer.echo(f"  API      {base}/v1  (models: {', '.join(m.name for m in config.models)})")
         typer.echo(f"  metrics  {base}/metrics   ready: {base}/ready")
+        if serving.tls is not None:
+            typer.echo(
+                f"  TLS      {serving.tls.cert_file} (reloaded when it changes, "
+                f"every {serving.tls.reload_interval:g} s)"
+            )
         typer.echo("Ctrl-C to stop")
-    await serving
+    await task
 
 
-async def _serve_in_cluster(
-    config: FleetConfig,
-    pools: list[PoolSpec],
-    sock: socket.socket,
-    record: IO[str] | None = None,
-) -> None:
+async def _serve_in_cluster(config: FleetConfig, pools: list[PoolSpec], serving: Serving) -> None:
     """Operator mode: the pools' pods, found and scaled through the Kubernetes API."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(name)s: %(message)s")
-    logging.getLogger("gpufleet.autoscale").setLevel(logging.INFO)  # each acting decision
+    _logging()
     settings = config.runtime
     api_config = ApiConfig(settings.api_server) if settings.api_server else ApiConfig.in_cluster()
     namespace = settings.namespace or in_cluster_namespace() or "default"
@@ -358,7 +443,7 @@ async def _serve_in_cluster(
             api, namespace, cluster_pools(pools), settings=operator, leader=leader
         ) as runtime:
             export_leadership(runtime, registry)
-            await _serve_operator(config, runtime, registry, sock, scaled=scaled, record=record)
+            await _serve_operator(config, runtime, registry, serving, scaled=scaled)
     typer.echo("stopped")
 
 
@@ -366,10 +451,9 @@ async def _serve_operator(
     config: FleetConfig,
     runtime: KubernetesRuntime,
     registry: CollectorRegistry,
-    sock: socket.socket,
+    serving: Serving,
     *,
     scaled: bool,
-    record: IO[str] | None = None,
 ) -> None:
     """The gateway in front of the discovered pods, until its server is told to stop."""
     try:
@@ -381,21 +465,24 @@ async def _serve_operator(
         typer.echo(f"  replica {replica.name:<40} {replica.state.value:<9} {replica.url}")
     for line in spare_warnings(config, runtime.snapshot):
         typer.echo(line)
-    app = create_gateway(
-        config,
-        RuntimeReplicas(runtime),
-        registry,
-        actuator=ClusterActuator(runtime) if scaled else None,
-        tenancy=open_tenancy(config),
-        record=record,
-    )
+    tenancy = open_tenancy(config)
     # the server handles SIGINT/SIGTERM while it serves and raises the signal again once
     # it has shut down: absorb that one, so the block ends normally (pods keep running)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: None)
     try:
-        await _serve_gateway(config, app, sock)
+        async with upstream_client(config, serving) as client:
+            app = create_gateway(
+                config,
+                RuntimeReplicas(runtime),
+                registry,
+                client=client,
+                actuator=ClusterActuator(runtime) if scaled else None,
+                tenancy=tenancy,
+                record=serving.record,
+            )
+            await _serve_gateway(config, app, serving)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

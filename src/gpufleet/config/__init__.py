@@ -19,6 +19,8 @@ from gpufleet.config._fleet import (
     StartupConfig,
     TenantsConfig,
     Timeouts,
+    TLSConfig,
+    is_loopback,
     load_fleet,
     parse_fleet,
 )
@@ -36,8 +38,10 @@ __all__ = [
     "RuntimeConfig",
     "RuntimeKind",
     "StartupConfig",
+    "TLSConfig",
     "TenantsConfig",
     "Timeouts",
+    "is_loopback",
     "load_fleet",
     "parse_fleet",
 ]

@@ -18,6 +18,7 @@ One YAML file, validated by the pydantic models below; every default is written 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -25,7 +26,14 @@ from typing import Annotated, Any, Final
 
 import pydantic
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
 from gpufleet.fleet import ReplicaProfile
@@ -90,6 +98,19 @@ STARTUP_TIMEOUTS: Final = {
 """Default ``startup.timeout`` per engine kind, in seconds."""
 
 
+def _existing_file(path: str) -> str:
+    """A file read when ``gpufleet up`` starts must be there when the file is loaded: a typo
+    is the fleet file's error, not the first TLS handshake's."""
+    if not Path(path).is_file():
+        why = "a directory, not a file" if Path(path).is_dir() else "no such file"
+        raise ValueError(f"{path}: {why}")
+    return path
+
+
+ExistingFile = Annotated[str, AfterValidator(_existing_file)]
+"""A path (relative ones to the working directory) that must name an existing file."""
+
+
 def _policy_name(value: object) -> object:
     return {"policy": value} if isinstance(value, str) else value
 
@@ -125,7 +146,12 @@ class ModelConfig(_Strict):
     """Extra environment of the engine's processes (``CUDA_VISIBLE_DEVICES``,
     ``VLLM_CPU_KVCACHE_SPACE``, …)."""
     endpoints: tuple[str, ...] = ()
-    """Base URLs (``http://host:port``, no ``/v1``) of an ``external`` model's replicas."""
+    """Base URLs (``http://host:port`` or ``https://host:port``, no ``/v1``) of an
+    ``external`` model's replicas."""
+    ca_file: ExistingFile | None = None
+    """PEM CA bundle that verifies the certificates of this model's ``https://`` endpoints,
+    instead of the system's trust store (a private CA). The gateway's requests, probes and
+    scrapes, and the runtime's readiness probes, check the name in the URL against it."""
     routing: Annotated[RouterConfig, BeforeValidator(_policy_name)] = PrefixAwareConfig()
     """The router: a policy name, or a mapping with ``policy`` and its settings
     (docs/design/routing.md)."""
@@ -145,30 +171,14 @@ class ModelConfig(_Strict):
                 "(it names the pool, its replicas and their log files)"
             )
         if self.engine is EngineKind.EXTERNAL:
-            if not self.endpoints:
-                raise ValueError("an external model needs at least one entry in endpoints")
-            for url in self.endpoints:
-                if not url.startswith(("http://", "https://")):
-                    raise ValueError(f"endpoints: {url!r} is not an http(s) URL")
-            if self.autoscale is not None:
-                raise ValueError("an external model cannot autoscale: nothing here starts it")
-            set_here = [
-                name
-                for name in ("gpu_memory_utilization", "max_model_len", "env")
-                if getattr(self, name)
-            ]
-            if set_here:
-                raise ValueError(
-                    f"{', '.join(set_here)}: an external model's engine is configured by "
-                    "whoever runs it"
-                )
-            if self.replicas is not None and self.replicas > len(self.endpoints):
-                raise ValueError(
-                    f"replicas: {self.replicas} wanted, {len(self.endpoints)} endpoint(s) given"
-                )
+            self._check_external()
             return self
         if self.endpoints:
             raise ValueError(f"endpoints are for external models, not {self.engine.value!r}")
+        if self.ca_file is not None:
+            raise ValueError(
+                f"ca_file is for an external model's https:// endpoints, not {self.engine.value!r}"
+            )
         scale, count = self.autoscale, self.replicas
         if (
             scale is not None
@@ -186,6 +196,33 @@ class ModelConfig(_Strict):
         except CatalogError as error:
             raise ValueError(str(error)) from None
         return self
+
+    def _check_external(self) -> None:
+        if not self.endpoints:
+            raise ValueError("an external model needs at least one entry in endpoints")
+        for url in self.endpoints:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoints: {url!r} is not an http(s) URL")
+        if self.ca_file is not None and not any(
+            url.startswith("https://") for url in self.endpoints
+        ):
+            raise ValueError("ca_file: no endpoint is an https:// URL")
+        if self.autoscale is not None:
+            raise ValueError("an external model cannot autoscale: nothing here starts it")
+        set_here = [
+            name
+            for name in ("gpu_memory_utilization", "max_model_len", "env")
+            if getattr(self, name)
+        ]
+        if set_here:
+            raise ValueError(
+                f"{', '.join(set_here)}: an external model's engine is configured by "
+                "whoever runs it"
+            )
+        if self.replicas is not None and self.replicas > len(self.endpoints):
+            raise ValueError(
+                f"replicas: {self.replicas} wanted, {len(self.endpoints)} endpoint(s) given"
+            )
 
     @model_validator(mode="after")
     def _readable_args(self) -> ModelConfig:
@@ -284,12 +321,30 @@ class AutoscalerConfig(_Strict):
     A cold start takes ``startup.provision`` + the engine's load: set this above it."""
 
 
+class TLSConfig(_Strict):
+    """HTTPS on the gateway's port (docs/gateway.md, TLS): its certificate, reloaded when the
+    files change."""
+
+    cert_file: ExistingFile
+    """PEM certificate chain: the gateway's certificate first, then any intermediates."""
+    key_file: ExistingFile
+    """PEM private key of that certificate (not encrypted)."""
+    reload_interval: float = Field(5.0, gt=0.0)
+    """Seconds between two looks at the files' modification times. A changed pair is loaded
+    for the handshakes that follow; a pair that does not load is logged and the one in use
+    kept."""
+
+
 class GatewayConfig(_Strict):
     """The gateway's address and its upstream behaviour."""
 
     host: str = "127.0.0.1"
+    """The address the gateway listens on. Anything but loopback (``127.0.0.1``, ``::1``,
+    ``localhost``) requires API keys unless the file writes ``tenants.auth: false``."""
     port: int = Field(8000, ge=0, le=65535)
     """0: any free port (the command prints which)."""
+    tls: TLSConfig | None = None
+    """Serve HTTPS with this certificate (default: plain HTTP)."""
     timeouts: Timeouts = Timeouts()
     retry: RetryConfig = RetryConfig()
     scrape_interval: float = Field(0.2, gt=0.0)
@@ -323,7 +378,17 @@ class TenantsConfig(_Strict):
 
     auth: bool = False
     """Require an API key on every path but ``/health`` and ``/ready`` (``gpufleet up --auth``
-    turns it on whatever this says). Off: one anonymous tenant, no ledger, no queue."""
+    turns it on whatever this says). Off: one anonymous tenant, no ledger, no queue.
+
+    Not written in the file, ``gpufleet up`` turns it on when the gateway listens on an
+    address other than loopback (:func:`is_loopback`); ``auth: false`` written there keeps
+    it off, with a warning. The simulator reads the value as written."""
+
+    @property
+    def auth_written(self) -> bool:
+        """Whether the file says ``auth`` (``auth: false`` is a choice; no ``auth``, a default)."""
+        return "auth" in self.model_fields_set
+
     database_url: str | None = None
     """Where tenants, keys, the ledger and the audit log live: ``postgresql://…`` or
     ``sqlite:///path`` (default: ``$GPUFLEET_DB_URL``, else SQLite in ``$GPUFLEET_HOME``)."""
@@ -396,6 +461,18 @@ class FleetConfig(_Strict):
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a gateway bound to ``host`` is reachable from this machine only: ``localhost``
+    or a loopback address (``127.0.0.0/8``, ``::1``). ``0.0.0.0``, ``::``, ``""`` and every
+    other name are not."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class FleetFileError(ValueError):

@@ -4,7 +4,9 @@
 The replicas come from a :class:`ReplicaSource` the shell feeds (``gpufleet up`` adapts the
 local runtime); upstream requests go through one seam, :class:`ReplicaClient`. Models with
 ``autoscale`` are scaled as their pool controllers decide (``gpufleet.control``), through a
-:class:`ScaleActuator` (``gpufleet up``: the local runtime).
+:class:`ScaleActuator` (``gpufleet up``: the local runtime). TLS: :class:`ServerTLS` for the
+gateway's own port (``GatewayServer(app, tls=…)``), :class:`ReplicaTLS` for ``https://``
+replicas (``Http11ReplicaClient(tls=…)``).
 """
 
 from gpufleet.gateway._app import SERVER_OPTIONS, Gateway, create_gateway
@@ -25,6 +27,7 @@ from gpufleet.gateway._replicas import ReplicaSource, StaticReplicas, Upstream
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._server import GatewayServer
 from gpufleet.gateway._tenancy import Tenancy, admin_key
+from gpufleet.gateway._tls import ReplicaTLS, ServerTLS
 from gpufleet.gateway._upstream import (
     HttpReplicaClient,
     ReplicaClient,
@@ -51,8 +54,10 @@ __all__ = [
     "ReplicaClient",
     "ReplicaOriginError",
     "ReplicaSource",
+    "ReplicaTLS",
     "ScaleActuator",
     "ScaleExecutor",
+    "ServerTLS",
     "StaticReplicas",
     "Tenancy",
     "Upstream",

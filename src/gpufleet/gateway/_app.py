@@ -49,6 +49,7 @@ from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, Upstream
 from gpufleet.gateway._server import MAX_BODY
 from gpufleet.gateway._tenancy import OPEN_PATHS, Admitted, Tenancy, metered
+from gpufleet.gateway._tls import ReplicaTLS
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
 
 Scope = MutableMapping[str, Any]
@@ -219,6 +220,7 @@ class Gateway:
                         Http11ReplicaClient(
                             connect=self._timeouts.connect,
                             max_idle=self.config.gateway.max_connections,
+                            tls=ReplicaTLS.of(self.config),  # the fleet's CA bundles
                         )
                     )
                 if self.tenancy is not None:

@@ -15,6 +15,11 @@ A connection goes back to its pool only when its answer was read to the end. A k
 connection that the replica closed while idle fails before the first byte of its answer;
 the request is then sent once more on a new connection (the replica never answered it).
 
+``https://`` replicas are reached over TLS (the handshake within the ``connect`` timeout),
+verified with the context ``tls`` gives for their address (:class:`ReplicaTLS`: a model's
+``ca_file``, else the system's trust store) and the URL's host name. A handshake that fails
+(an unknown CA, a wrong name) is a connect failure, as a refused connection is.
+
 ::
 
     async with Http11ReplicaClient(connect=1.0) as client:
@@ -25,12 +30,14 @@ the request is then sent once more on a new connection (the replica never answer
 from __future__ import annotations
 
 import asyncio
+import ssl
 from types import TracebackType
 from typing import Final, Self, cast
 from urllib.parse import urlsplit
 
 from gpufleet.fleet import Outcome
 from gpufleet.gateway._errors import LocalOriginError
+from gpufleet.gateway._tls import ReplicaTLS
 from gpufleet.gateway._upstream import FrameSink, UpstreamRequest, UpstreamResponse
 
 _PASSED_HEADERS: Final = frozenset({b"content-type", b"content-encoding"})
@@ -480,14 +487,22 @@ class _Sending:
         self.client._release(self.host_port, self.conn)
 
 
-class Http11ReplicaClient:
-    """Per ``host:port``, a LIFO of idle kept-alive connections (at most ``max_idle``)."""
+_Target = tuple[tuple[str, int], bytes, ssl.SSLContext | None]
+"""A base URL's ``(host, port)``, its ``Host`` header line, and its TLS context (https)."""
 
-    def __init__(self, *, connect: float, max_idle: int = 256) -> None:
+
+class Http11ReplicaClient:
+    """Per ``host:port``, a LIFO of idle kept-alive connections (at most ``max_idle``);
+    ``https://`` replicas verified with ``tls`` (default: the system's trust store)."""
+
+    def __init__(
+        self, *, connect: float, max_idle: int = 256, tls: ReplicaTLS | None = None
+    ) -> None:
         self._connect = connect
         self._max_idle = max_idle
+        self._tls = tls if tls is not None else ReplicaTLS()
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
-        self._targets: dict[str, tuple[tuple[str, int], bytes]] = {}
+        self._targets: dict[str, _Target] = {}
 
     async def __aenter__(self) -> Self:
         return self
@@ -510,27 +525,35 @@ class Http11ReplicaClient:
         if target is None:
             return
         host_port = target[0]
-        for other in [u for u, (hp, _) in self._targets.items() if hp == host_port]:
+        for other in [u for u, (hp, _, _) in self._targets.items() if hp == host_port]:
             del self._targets[other]  # the same address spelled another way
         for conn in self._idle.pop(host_port, ()):
             conn.close()
 
-    def _target(self, url: str) -> tuple[tuple[str, int], bytes]:
+    def _target(self, url: str) -> _Target:
         target = self._targets.get(url)
         if target is None:
             parts = urlsplit(url)
-            if parts.scheme != "http" or parts.hostname is None:
-                raise LocalOriginError(f"not an http:// URL: {url}")
-            port = parts.port or 80
-            target = ((parts.hostname, port), b"\r\nhost: " + parts.netloc.encode("latin-1"))
+            if parts.scheme not in ("http", "https") or parts.hostname is None:
+                raise LocalOriginError(f"not an http:// or https:// URL: {url}")
+            secure = parts.scheme == "https"
+            port = parts.port or (443 if secure else 80)
+            host = parts.hostname
+            context = self._tls.context(host, port) if secure else None
+            target = ((host, port), b"\r\nhost: " + parts.netloc.encode("latin-1"), context)
             self._targets[url] = target
         return target
 
-    async def _open(self, host: str, port: int) -> _Conn:
+    async def _open(self, host: str, port: int, context: ssl.SSLContext | None) -> _Conn:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect):
-                _, conn = await loop.create_connection(_Conn, host, port)
+                if context is None:
+                    _, conn = await loop.create_connection(_Conn, host, port)
+                else:  # the handshake counts in the connect timeout
+                    _, conn = await loop.create_connection(
+                        _Conn, host, port, ssl=context, server_hostname=host
+                    )
         except TimeoutError:
             raise LocalOriginError(f"connect timeout: {host}:{port}", Outcome.TIMEOUT) from None
         except OSError as error:
@@ -542,7 +565,7 @@ class Http11ReplicaClient:
     ) -> tuple[tuple[str, int], _Conn, int, list[tuple[bytes, bytes]]]:
         """Send ``line`` + ``Host`` + ``rest``; read the answer's head. The connection is
         closed if that fails or is cancelled (a timeout)."""
-        host_port, host = self._target(url)
+        host_port, host, context = self._target(url)
         raw = line + host + rest
         idle = self._idle.get(host_port)
         while idle:
@@ -562,7 +585,7 @@ class Http11ReplicaClient:
             except BaseException:
                 conn.close()
                 raise
-        conn = await self._open(*host_port)
+        conn = await self._open(*host_port, context)
         try:
             conn.start(raw)
             status, headers = await conn.head()

@@ -17,7 +17,11 @@ tests), but does per request and per streamed chunk only what the gateway needs:
   request gets 400 and the connection closes;
 * ``Expect: 100-continue`` is answered when the app first reads the body;
 * graceful shutdown: stop accepting, close idle connections, let in-flight requests finish
-  within ``graceful_timeout`` (then cancel them), then the lifespan's shutdown.
+  within ``graceful_timeout`` (then cancel them), then the lifespan's shutdown;
+* TLS (``tls``, a :class:`~gpufleet.gateway._tls.ServerTLS`): the listening sockets speak
+  HTTPS, the certificate files are polled every ``reload_interval`` and a changed pair is
+  used for new handshakes. A client that does not complete a handshake within
+  ``TLS_HANDSHAKE_TIMEOUT`` (or sends plain HTTP) is closed; the app never sees it.
 
 ::
 
@@ -49,6 +53,8 @@ from urllib.parse import unquote
 
 import httptools
 
+from gpufleet.gateway._tls import ServerTLS
+
 logger = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
@@ -63,6 +69,8 @@ MAX_BODY: Final = 32 * 1024 * 1024
 """Bytes of request body above which a request gets 413 (the gateway's own limit)."""
 KEEP_ALIVE: Final = 75.0
 """Seconds an idle kept-alive connection stays open (nginx's default)."""
+TLS_HANDSHAKE_TIMEOUT: Final = 10.0
+"""Seconds a new connection has to complete its TLS handshake (with ``tls``)."""
 _BODY_HIGH_WATER: Final = 256 * 1024
 """Unread request-body bytes above which the socket stops being read."""
 _ASGI: Final = {"version": "3.0", "spec_version": "2.3"}
@@ -420,7 +428,7 @@ class _Connection(asyncio.Protocol):
             "http_version": version,
             "server": self.local,
             "client": self.peer,
-            "scheme": "http",
+            "scheme": self.server.scheme,
             "method": parser.get_method().decode("ascii"),
             "root_path": "",
             "path": path,
@@ -590,11 +598,15 @@ class GatewayServer:
         graceful_timeout: float = 5.0,
         keep_alive: float = KEEP_ALIVE,
         handle_signals: bool = True,
+        tls: ServerTLS | None = None,
     ) -> None:
         self.app = app
         self.graceful_timeout = graceful_timeout
         self.keep_alive = keep_alive
         self.handle_signals = handle_signals
+        self.tls = tls
+        """HTTPS with this certificate, reloaded when its files change; ``None``: HTTP."""
+        self.scheme = "http" if tls is None else "https"
         self.state: dict[str, Any] = {}
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -618,6 +630,8 @@ class GatewayServer:
                     ticks += 1
                     if ticks % 10 == 0:
                         self._sweep()
+                    if self.tls is not None:
+                        self.tls.poll(asyncio.get_running_loop().time())
             finally:
                 await self.shutdown()
 
@@ -631,9 +645,15 @@ class GatewayServer:
         )
         await self._lifespan_step("lifespan.startup")
         loop = asyncio.get_running_loop()
+        tls = self.tls
         for sock in sockets:
             server = await loop.create_server(
-                lambda: _Connection(self), sock=sock, backlog=2048, start_serving=True
+                lambda: _Connection(self),
+                sock=sock,
+                backlog=2048,
+                ssl=None if tls is None else tls.context,
+                ssl_handshake_timeout=None if tls is None else TLS_HANDSHAKE_TIMEOUT,
+                start_serving=True,
             )
             self._servers.append(server)
         _Date.refresh()

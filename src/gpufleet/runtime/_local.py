@@ -15,6 +15,7 @@ import logging
 import os
 import shlex
 import signal
+import ssl
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -160,6 +161,8 @@ class LocalRuntime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tg: asyncio.TaskGroup | None = None
         self._http: httpx.AsyncClient | None = None
+        self._https: dict[str, httpx.AsyncClient] = {}
+        """Per ``ca_file`` of an external pool: the client that probes its endpoints."""
         self._supervisor: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._signals_seen = 0
@@ -320,6 +323,15 @@ class LocalRuntime:
             self._http = await self._stack.enter_async_context(
                 httpx.AsyncClient(trust_env=False, timeout=self.settings.probe_timeout_s)
             )
+            for ca_file in {p.engine.ca_file for p in self._pools.values()} - {None}:
+                assert ca_file is not None
+                self._https[ca_file] = await self._stack.enter_async_context(
+                    httpx.AsyncClient(
+                        trust_env=False,
+                        timeout=self.settings.probe_timeout_s,
+                        verify=ssl.create_default_context(cafile=ca_file),
+                    )
+                )
             self._tg = await self._stack.enter_async_context(asyncio.TaskGroup())
         except BaseException:
             await self._stack.aclose()
@@ -581,9 +593,16 @@ class LocalRuntime:
                 what = f"was not ready within {timeout:g} s and {ended}"
             self._crashed(replica, replica.failure or "failed_to_start", what)
 
+    def _client(self, spec: ReplicaSpec) -> httpx.AsyncClient:
+        """What probes ``spec``'s replica: with its pool's CA bundle, if it names one."""
+        ca_file = spec.engine.ca_file
+        client = self._http if ca_file is None else self._https[ca_file]
+        assert client is not None
+        return client
+
     async def _probe(self, replica: _Replica, incarnation: int) -> None:
         """Find the address (sim: its log) and poll ``/health`` until it answers 200."""
-        assert self._http is not None
+        http = self._client(replica.spec)
         interval = self.settings.probe_interval_s
         while replica.url is None:
             assert replica.log is not None
@@ -595,7 +614,7 @@ class LocalRuntime:
         url = replica.url
         while True:
             with contextlib.suppress(httpx.HTTPError):
-                if (await self._http.get(url + "/health")).status_code == 200:
+                if (await http.get(url + "/health")).status_code == 200:
                     break
             await asyncio.sleep(interval)
         state = replica.state
@@ -610,8 +629,7 @@ class LocalRuntime:
 
     async def _wait_idle(self, replica: _Replica, incarnation: int) -> None:
         """Poll a draining replica's ``/metrics`` until nothing runs or waits there."""
-        http, url = self._http, replica.url
-        assert http is not None
+        http, url = self._client(replica.spec), replica.url
         assert url is not None
 
         async def read() -> int | None:

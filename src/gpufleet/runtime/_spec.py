@@ -49,7 +49,8 @@ class EngineSpec:
     ``profile`` holds the engine flags (``ReplicaProfile.to_argv``, last on the command line
     the runtime builds, its pass-through flags last of all, e.g. ``("--time-scale", "50")``
     for a sim engine); ``env`` is added to the parent's environment. ``endpoints`` is for
-    ``EXTERNAL`` only: replica ``i`` is ``endpoints[i]``.
+    ``EXTERNAL`` only: replica ``i`` is ``endpoints[i]``; ``ca_file`` verifies the
+    ``https://`` ones (default: the system's trust store).
     """
 
     model: str = "llama-3.1-8b"
@@ -65,6 +66,8 @@ class EngineSpec:
     killed and counted a crash (``None``: ``RuntimeSettings.ready_timeout_s``)."""
     env: Mapping[str, str] = field(default_factory=dict)
     endpoints: tuple[str, ...] = ()
+    ca_file: str | None = None
+    """PEM CA bundle of the ``https://`` endpoints (``EXTERNAL`` only)."""
 
     def __post_init__(self) -> None:
         # A read-only copy: a frozen spec must not change under the reconciler's feet.
@@ -81,6 +84,8 @@ class EngineSpec:
                     raise ValueError(f"endpoint must be an http(s) URL, got {url!r}")
         elif self.endpoints:
             raise ValueError(f"endpoints are for external engines, not {self.kind.value!r}")
+        if self.ca_file is not None and self.kind is not EngineKind.EXTERNAL:
+            raise ValueError(f"ca_file is for external engines, not {self.kind.value!r}")
 
     @property
     def served_name(self) -> str:

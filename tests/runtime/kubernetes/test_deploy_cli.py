@@ -74,3 +74,24 @@ def test_unrenderable_fleet_and_bad_namespace_are_one_line_and_exit_2(tmp_path: 
         assert result.exit_code == 2
         assert len(result.stderr.strip().splitlines()) == 1
         assert result.stderr.startswith("error: ")
+
+
+def test_tls_is_refused_and_the_auth_default_noted(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    for name in ("tls.pem", "tls.key"):
+        (tmp_path / name).write_text("x")
+    pem, key = tmp_path / "tls.pem", tmp_path / "tls.key"
+    model = "models: [{name: llama-3.1-8b}]\n"
+    fleet.write_text(f"gateway: {{tls: {{cert_file: {pem}, key_file: {key}}}}}\n{model}")
+    result = runner.invoke(app, ["deploy", "k8s", "--fleet", str(fleet), "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "gateway.tls: not rendered for Kubernetes" in result.output
+
+    fleet.write_text("models: [{name: llama-3.1-8b}]\n")
+    result = runner.invoke(app, ["deploy", "k8s", "--fleet", str(fleet), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "note: the gateway pod listens on 0.0.0.0, so it requires API keys" in result.stdout
+    fleet.write_text("tenants: {auth: false}\nmodels: [{name: llama-3.1-8b}]\n")
+    result = runner.invoke(app, ["deploy", "k8s", "--fleet", str(fleet), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "requires API keys" not in result.stdout
