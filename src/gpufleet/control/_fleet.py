@@ -156,8 +156,12 @@ class FleetController:
         return commands
 
     def next_wakeup(self) -> float | None:
-        times = [t for p in self.pools.values() if (t := p.next_wakeup()) is not None]
-        return min(times, default=None)
+        due = None
+        for pool in self.pools.values():
+            t = pool.next_wakeup()
+            if t is not None and (due is None or t < due):
+                due = t
+        return due
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,12 +214,20 @@ class PoolController:
     def next_wakeup(self) -> float | None:
         """The earliest time something falls due (a health decision, the queue's tick, a
         held request's deadline, an autoscaling decision); ``None``: nothing."""
-        times = [t for t in (self._health_at, self._queue_at) if t is not None]
+        # no list, no min(): the gateway asks after every event
+        due = self._health_at
+        queue = self._queue_at
+        if queue is not None and (due is None or queue < due):
+            due = queue
         if self._held:
-            times.append(next(iter(self._held.values())).hold_until)
+            held = next(iter(self._held.values())).hold_until
+            if due is None or held < due:
+                due = held
         if self.autoscaler is not None:
-            times.append(self._scale_due())
-        return min(times, default=None)
+            scale = self._scale_due()
+            if due is None or scale < due:
+                due = scale
+        return due
 
     # -- questions ------------------------------------------------------------------------
 

@@ -127,7 +127,8 @@ class LiveControl:
 
     # -- the one way in -------------------------------------------------------------------
 
-    def handle(self, event: Event) -> list[Command]:
+    def handle(self, event: Event, model: str | None = None) -> list[Command]:
+        """``model``: the event's pool (only its view can have changed); ``None``: any."""
         now = self._clock()
         commands = self.control.handle(now, event)
         for command in commands:
@@ -143,7 +144,7 @@ class LiveControl:
                 case Scale():
                     if self.scaling is not None:
                         self.scaling.carry_out(now, command)
-        self._after(now)
+        self._after(now, model)
         return commands
 
     def _deliver(self, decision: Decision) -> None:
@@ -153,16 +154,23 @@ class LiveControl:
         elif not waiter.done():
             waiter.set_result(decision)
 
-    def _after(self, now: float) -> None:
+    def _after(self, now: float, only: str | None) -> None:
         """Show the views that changed; arm the timer for what falls due next."""
-        for model, pool in self.pools.items():
-            self.views.export(model, pool.view)
-            if pool.autoscaler is not None and self.scaling is not None:
-                held = pool.held
-                if self._held.get(model) != held:
-                    self._held[model] = held
-                    self.scaling.held(model, held)
+        if only is None:
+            for model in self.pools:
+                self._show(model)
+        else:
+            self._show(only)
         self._arm(now)
+
+    def _show(self, model: str) -> None:
+        pool = self.pools[model]
+        self.views.export(model, pool.view)
+        if pool.autoscaler is not None and self.scaling is not None:
+            held = pool.held
+            if self._held.get(model) != held:
+                self._held[model] = held
+                self.scaling.held(model, held)
 
     def _arm(self, now: float) -> None:
         wake = self.control.next_wakeup()
@@ -205,7 +213,7 @@ class LiveControl:
         """The request's first decision: a Route, or a Reject; it may wait (queued, held).
         Cancelled (the client left): the caller reports :meth:`gone`."""
         rid = request.request_id
-        self.handle(Arrived(request, priority, weight, deadline))
+        self.handle(Arrived(request, priority, weight, deadline), request.model)
         decision = self._early.pop(rid, None)
         if decision is None:
             waiter: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
@@ -226,7 +234,7 @@ class LiveControl:
 
     def failed(self, model: str, rid: str, outcome: Outcome, *, streamed: bool = False) -> Decision:
         """The attempt failed: the next Route (a retry), or the Reject that ends it."""
-        self.handle(AttemptFailed(model, rid, outcome, streamed))
+        self.handle(AttemptFailed(model, rid, outcome, streamed), model)
         decision = self._early.pop(rid)
         metrics = self.metrics
         if isinstance(decision, Route):
@@ -238,10 +246,10 @@ class LiveControl:
     def finished(
         self, model: str, rid: str, outcome: Outcome, work: tuple[int, int] | None = None
     ) -> None:
-        self.handle(Finished(model, rid, outcome, work))
+        self.handle(Finished(model, rid, outcome, work), model)
 
     def gone(self, model: str, rid: str) -> None:
-        self.handle(ClientGone(model, rid))
+        self.handle(ClientGone(model, rid), model)
 
     def refusal(self, model: str, reject: Reject, last: UpstreamError | None) -> GatewayError:
         """The error a Reject answers with (503 with ``Retry-After``)."""
