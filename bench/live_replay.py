@@ -1,6 +1,6 @@
 """A live recording of ≥ 10,000 requests replays to the same decisions.
 
-    .venv/bin/python bench/live_replay.py [--requests 10000] [--concurrency 32]
+    .venv/bin/python bench/live_replay.py [--requests 10300] [--concurrency 32]
     # table + bench/results/live_replay.json
 
 ``gpufleet up --record`` (the real command, as a child process) serves a fleet of sim
@@ -39,14 +39,14 @@ models:
   - name: llama-3.1-8b
     engine: sim
     replicas: 3
-    args: ["--time-scale", "0.02", "--max-num-seqs", "64"]
+    args: ["--time-scale", "20", "--max-num-seqs", "64"]
     routing: prefix_aware
     health: {active: {interval: 0.5}}
   - name: qwen2.5-7b
     engine: sim
     gpu: l40s
     replicas: 2
-    args: ["--time-scale", "0.02", "--max-num-seqs", "64"]
+    args: ["--time-scale", "20", "--max-num-seqs", "64"]
     routing: least_request
     autoscale: {min_replicas: 2, max_replicas: 3, forecast: {enabled: false}}
 """
@@ -77,7 +77,7 @@ async def _load(base: str, requests: int, concurrency: int, progress: Progress) 
                 }
                 try:
                     if i % 50 == 7:  # a client that gives up at once
-                        async with asyncio.timeout(0.001):
+                        async with asyncio.timeout(0.005):
                             await http.post("/v1/chat/completions", json=body)
                         outcomes["200"] += 1
                     else:
@@ -95,7 +95,7 @@ async def _load(base: str, requests: int, concurrency: int, progress: Progress) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--requests", type=int, default=10_300)
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
     console = Console()
