@@ -131,13 +131,13 @@ class FleetController:
     def record(self, out: IO[str]) -> None:
         """Write every event from now on to ``out`` (after a header)."""
         log = DecisionLog(out)
-        intervals = {p.settings.autoscale_interval for p in self.pools.values()}
+        first = next(iter(self.pools.values()), None)  # every pool is built with one interval
         log.header(
             self.fleet,
             seed=self.seed,
             admission=self.admission,
             autoscale=self.autoscale,
-            autoscale_interval=intervals.pop() if len(intervals) == 1 else 1.0,
+            autoscale_interval=1.0 if first is None else first.settings.autoscale_interval,
         )
         self.log = log
 

@@ -133,13 +133,14 @@ class ScaleExecutor:
         self.actuator = actuator
         self.metrics = AutoscaleMetrics(registry)
         self._lags = {m.name: _Lag() for m in config.models if m.autoscale is not None}
+        self._models = tuple(self._lags)
         for model in self._lags:
             self.metrics.add_pool(model)
 
     @property
-    def models(self) -> list[str]:
+    def models(self) -> tuple[str, ...]:
         """The autoscaled pools."""
-        return list(self._lags)
+        return self._models
 
     def carry_out(self, now: float, scale: Scale) -> None:
         """Act on one decision, log it and export it; a failing actuator is logged (one

@@ -33,7 +33,8 @@ class GatewayMetrics:
         return found
 
     def in_flight_of(self, replica: str) -> int:
-        """Attempts in flight on ``replica`` now (the one count of them: the gauge)."""
+        """Attempts in flight on ``replica`` as the gauge shows them (the pool controller
+        owns the count; this tells only when a departed replica's series may go)."""
         found = self._children.get((id(self.in_flight), (replica,)))
         return 0 if found is None else int(found.value)
 
