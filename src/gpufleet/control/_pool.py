@@ -28,11 +28,11 @@ A request's life (conserved: every ``Arrived`` ends in exactly one final command
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain, islice
 from random import Random
-from typing import Final
+from typing import Any, Final
 
 from gpufleet.control._events import (
     Arrived,
@@ -88,16 +88,22 @@ _LEAVING: Final = frozenset({ReplicaState.DRAINING, ReplicaState.STOPPED})
 _QUEUED, _HELD, _ROUTED = 0, 1, 2
 
 
-@dataclass(slots=True)
 class _Request:
-    request: RouteRequest
-    ticket: Ticket | None
-    phase: int = _QUEUED
-    replica: ReplicaId | None = None
-    candidates: list[ReplicaId] = dataclasses.field(default_factory=list)
-    retry: bool = False
-    """Its attempt in flight is a retry (counted in ``active_retries``)."""
-    hold_until: float = 0.0
+    """A request the pool knows, from its arrival until it leaves (a plain class: one is
+    made per request, on the hot path)."""
+
+    __slots__ = ("candidates", "hold_until", "phase", "replica", "request", "retry", "ticket")
+
+    def __init__(self, request: RouteRequest, ticket: Ticket | None) -> None:
+        self.request = request
+        self.ticket = ticket
+        self.phase = _QUEUED
+        self.replica: ReplicaId | None = None
+        self.candidates: list[ReplicaId] = []
+        """Where a retry may go next, best first."""
+        self.retry = False
+        """Its attempt in flight is a retry (counted in ``active_retries``)."""
+        self.hold_until = 0.0
 
 
 @dataclass(slots=True)
@@ -168,48 +174,69 @@ class PoolController:
         self._scale_wake: float | None = None
         self._scale_last: float | None = None
         self._scale_arrivals = 0
+        self._reachable: frozenset[ReplicaId] = frozenset()
+        """Replicas an attempt can go to: the runtime has a process for it, not leaving."""
+        self._tries = 1 + settings.retry.max_retries
+        # one dict lookup per event, not a chain of isinstance checks (the hot path)
+        handlers: dict[type, Callable[[float, Any, list[Command]], None]] = {
+            Arrived: self._arrived,
+            Finished: self._finished,
+            AttemptFailed: self._attempt_failed,
+            ClientGone: self._client_gone,
+            Replicas: self._replicas,
+            Scraped: self._scraped,
+            ProbeAnswered: self._probe_answered,
+            Standbys: self._standbys,
+            Tick: self._tick,
+        }
+        self._on = handlers
 
     # -- the one entry point -------------------------------------------------------------
 
-    def handle(self, now: float, event: Event) -> list[Command]:  # noqa: PLR0912 - one match
+    def handle(self, now: float, event: Event) -> list[Command]:
         """Take ``event`` at ``now``; the commands to carry out, in order."""
         out: list[Command] = []
-        match event:
-            case Arrived():
-                self._arrived(now, event, out)
-            case Finished(request_id=rid, outcome=outcome, work=work):
-                req = self._requests.get(rid)
-                if req is not None and req.phase == _ROUTED:
-                    decide = self._end_attempt(now, req, outcome)
-                    self._done(now, req, work, out)
-                    if decide:
-                        self._decide_health(now, out)
-            case AttemptFailed(request_id=rid, outcome=outcome, streamed=streamed):
-                req = self._requests.get(rid)
-                if req is not None and req.phase == _ROUTED:
-                    self._failed(now, req, outcome, streamed, out)
-            case ClientGone(request_id=rid):
-                self._gone(now, rid, out)
-            case Replicas(replicas=replicas):
-                self._replicas(now, replicas, out)
-            case Scraped(loads=loads):
-                for x in loads:
-                    if x.replica in self._seen:
-                        self._loads[x.replica] = ReplicaLoad(
-                            running=x.running,
-                            waiting=x.waiting,
-                            kv_cache_usage=min(1.0, x.kv_cache_usage),
-                            observed_at=now,
-                        )
-                self._refresh(now, out)
-            case ProbeAnswered(replica=replica, ok=ok):
-                if replica in self._seen and self.health.on_event(now, ProbeResult(replica, ok)):
-                    self._decide_health(now, out)
-            case Standbys(standbys=standbys):
-                self.standbys = standbys
-            case Tick():
-                self._tick(now, out)
+        try:
+            on = self._on[type(event)]
+        except KeyError:
+            raise TypeError(f"not an event: {event!r}") from None
+        on(now, event, out)
         return out
+
+    def _finished(self, now: float, event: Finished, out: list[Command]) -> None:
+        req = self._requests.get(event.request_id)
+        if req is not None and req.phase == _ROUTED:
+            decide = self._end_attempt(now, req, event.outcome)
+            self._done(now, req, event.work, out)
+            if decide:
+                self._decide_health(now, out)
+
+    def _attempt_failed(self, now: float, event: AttemptFailed, out: list[Command]) -> None:
+        req = self._requests.get(event.request_id)
+        if req is not None and req.phase == _ROUTED:
+            self._failed(now, req, event.outcome, event.streamed, out)
+
+    def _client_gone(self, now: float, event: ClientGone, out: list[Command]) -> None:
+        self._gone(now, event.request_id, out)
+
+    def _scraped(self, now: float, event: Scraped, out: list[Command]) -> None:
+        for x in event.loads:
+            if x.replica in self._seen:
+                self._loads[x.replica] = ReplicaLoad(
+                    running=x.running,
+                    waiting=x.waiting,
+                    kv_cache_usage=min(1.0, x.kv_cache_usage),
+                    observed_at=now,
+                )
+        self._refresh(now, out)
+
+    def _probe_answered(self, now: float, event: ProbeAnswered, out: list[Command]) -> None:
+        replica = event.replica
+        if replica in self._seen and self.health.on_event(now, ProbeResult(replica, event.ok)):
+            self._decide_health(now, out)
+
+    def _standbys(self, now: float, event: Standbys, out: list[Command]) -> None:
+        self.standbys = event.standbys
 
     def next_wakeup(self) -> float | None:
         """The earliest time something falls due (a health decision, the queue's tick, a
@@ -257,7 +284,8 @@ class PoolController:
 
     # -- the runtime's picture ------------------------------------------------------------
 
-    def _replicas(self, now: float, replicas: tuple[ReplicaSeen, ...], out: list[Command]) -> None:
+    def _replicas(self, now: float, event: Replicas, out: list[Command]) -> None:
+        replicas = event.replicas
         old = self._seen
         fresh = {r.id: r for r in replicas}
         for r in replicas:
@@ -269,15 +297,13 @@ class PoolController:
             self._views.pop(gone, None)
             self._restarted.discard(gone)
         self._seen = fresh
+        self._reachable = frozenset(
+            r.id for r in replicas if r.incarnation is not None and r.state not in _LEAVING
+        )
         restarted = bool(self._restarted)
         self._decide_health(now, out)
         if restarted:
             self._decide_health(now, out)  # the new process's first probe, at once
-
-    def _reachable(self, replica: ReplicaId) -> bool:
-        """An attempt can go there: the runtime has a process for it, not leaving."""
-        seen = self._seen.get(replica)
-        return seen is not None and seen.incarnation is not None and seen.state not in _LEAVING
 
     def _runtime_state(self, seen: ReplicaSeen) -> ReplicaState:
         return ReplicaState.STARTING if seen.incarnation is None else seen.state
@@ -373,10 +399,9 @@ class PoolController:
         refuse it)."""
         ranking = self.router.rank(now, req.request, self.view)
         self.counters.routed += 1
+        reachable = self._reachable
         candidates = [
-            r
-            for r in islice(chain.from_iterable(ranking.tiers), 1 + self.settings.retry.max_retries)
-            if self._reachable(r)
+            r for r in islice(chain.from_iterable(ranking.tiers), self._tries) if r in reachable
         ]
         if not candidates:
             if not ranking.tiers and self.settings.holds:
@@ -439,7 +464,7 @@ class PoolController:
         retry = self.settings.retry
         while req.candidates:
             replica = req.candidates.pop(0)
-            if not self._reachable(replica):
+            if replica not in self._reachable:
                 continue
             if not retry_allowed(
                 self.active_retries,
@@ -516,7 +541,7 @@ class PoolController:
 
     # -- time -----------------------------------------------------------------------------
 
-    def _tick(self, now: float, out: list[Command]) -> None:
+    def _tick(self, now: float, _: Tick, out: list[Command]) -> None:
         if self._health_at is not None and now >= self._health_at:
             self._decide_health(now, out)
         while self._held:

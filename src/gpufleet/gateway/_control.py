@@ -112,7 +112,7 @@ class LiveControl:
     def start(self, tasks: asyncio.TaskGroup, client: ReplicaClient) -> None:
         """Probes and scrapes from now on run in ``tasks`` over ``client``."""
         self._tasks, self._client = tasks, client
-        self._arm(self._clock())
+        self._arm(self._clock(), self.control.next_wakeup())
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -131,23 +131,30 @@ class LiveControl:
     # -- the one way in -------------------------------------------------------------------
 
     def handle(self, event: Event, model: str | None = None) -> list[Command]:
-        """``model``: the event's pool (only its view can have changed); ``None``: any."""
+        """``model``: the event's pool (only its view and its wake-up can have changed);
+        ``None``: any."""
         now = self._clock()
         commands = self.control.handle(now, event)
         for command in commands:
-            match command:
-                case Route() | Reject():
-                    self._deliver(command)
-                case Probe(model=model, replica=replica):
-                    if self._tasks is not None:
-                        self._tasks.create_task(self._probe(model, replica))
-                case Ejected(record=r):
-                    enforced = "true" if r.enforced else "false"
-                    self.metrics.ejections.labels(r.model, r.cause.value, enforced).inc()
-                case Scale():
-                    if self.scaling is not None:
-                        self.scaling.carry_out(now, command)
-        self._after(now, model)
+            if isinstance(command, Route | Reject):
+                self._deliver(command)
+            elif isinstance(command, Probe):
+                if self._tasks is not None:
+                    self._tasks.create_task(self._probe(command.model, command.replica))
+            elif isinstance(command, Ejected):
+                r = command.record
+                enforced = "true" if r.enforced else "false"
+                self.metrics.ejections.labels(r.model, r.cause.value, enforced).inc()
+            elif isinstance(command, Scale) and self.scaling is not None:
+                self.scaling.carry_out(now, command)
+        if model is None:
+            for name in self.pools:
+                self._show(name)
+            self._arm(now, self.control.next_wakeup())
+        else:
+            self._show(model)
+            # the other pools' wake-ups did not move, and the timer is at or before them
+            self._arm(now, self.pools[model].next_wakeup())
         return commands
 
     def _deliver(self, decision: Decision) -> None:
@@ -157,16 +164,8 @@ class LiveControl:
         elif not waiter.done():
             waiter.set_result(decision)
 
-    def _after(self, now: float, only: str | None) -> None:
-        """Show the views that changed; arm the timer for what falls due next."""
-        if only is None:
-            for model in self.pools:
-                self._show(model)
-        else:
-            self._show(only)
-        self._arm(now)
-
     def _show(self, model: str) -> None:
+        """Show the pool's view if it changed (the export skips the one shown last)."""
         pool = self.pools[model]
         self.views.export(model, pool.view)
         if pool.autoscaler is not None and self.scaling is not None:
@@ -175,8 +174,9 @@ class LiveControl:
                 self._held[model] = held
                 self.scaling.held(model, held)
 
-    def _arm(self, now: float) -> None:
-        wake = self.control.next_wakeup()
+    def _arm(self, now: float, wake: float | None) -> None:
+        """Wake at ``wake`` if that is sooner than the timer (a timer never moves later:
+        a tick with nothing due is harmless)."""
         if wake is None or wake >= self._timer_at or self._tasks is None:
             return
         if self._timer is not None:
