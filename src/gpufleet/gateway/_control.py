@@ -182,9 +182,17 @@ class LiveControl:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = wake
-        self._timer = asyncio.get_running_loop().call_later(max(wake - now, 0.0), self._tick)
+        self._timer = asyncio.get_running_loop().call_later(max(wake - now, 0.0), self.tick)
 
-    def _tick(self) -> None:
+    @property
+    def wake_at(self) -> float:
+        """When the timer fires next (``inf``: not armed)."""
+        return self._timer_at
+
+    def tick(self) -> None:
+        """The timer's callback: whatever fell due (a test may call it at :attr:`wake_at`)."""
+        if self._timer is not None:
+            self._timer.cancel()
         self._timer, self._timer_at = None, math.inf
         try:
             if self.scaling is not None:
@@ -195,7 +203,7 @@ class LiveControl:
             logger.exception("the control loop failed on a tick")
             now = self._clock()
             self._timer_at = now + _RETRY_TICK
-            self._timer = asyncio.get_running_loop().call_later(_RETRY_TICK, self._tick)
+            self._timer = asyncio.get_running_loop().call_later(_RETRY_TICK, self.tick)
 
     def _flush_record(self) -> None:
         """A recording reaches its file about once a second (a killed gateway loses less)."""
@@ -339,16 +347,24 @@ class LiveControl:
                 if u.model in scraped and u.url is not None
             ]
             results = await asyncio.gather(*(self._scrape(url) for _, _, url in targets))
-            loads: dict[str, list[ScrapedLoad]] = {}
+            # every scraped pool gets its round, even one with no answer (as simulated)
+            loads: dict[str, dict[ReplicaId, tuple[int, int, float]]] = {m: {} for m in scraped}
             for (model, name, _), result in zip(targets, results, strict=True):
-                if result is not None and name in self.upstreams:
-                    running, waiting, kv = result
-                    loads.setdefault(model, []).append(ScrapedLoad(name, running, waiting, kv))
-                    self.metrics.queue.labels(name).set(waiting)
-                    self.metrics.kv_usage.labels(name).set(kv)
+                if result is not None:
+                    loads[model][name] = result
             for model, rows in loads.items():
-                self.handle(Scraped(model, tuple(rows)))
+                self.scraped(model, rows)
             await asyncio.sleep(interval)
+
+    def scraped(self, model: str, loads: dict[ReplicaId, tuple[int, int, float]]) -> None:
+        """A scrape round of ``model``'s engines: (running, waiting, KV usage) by replica."""
+        rows = []
+        for name, (running, waiting, kv) in loads.items():
+            if name in self.upstreams:  # not one that left while it was scraped
+                rows.append(ScrapedLoad(name, running, waiting, kv))
+                self.metrics.queue.labels(name).set(waiting)
+                self.metrics.kv_usage.labels(name).set(kv)
+        self.handle(Scraped(model, tuple(rows)))
 
     async def _scrape(self, url: str) -> tuple[int, int, float] | None:
         client = self._client
