@@ -2,7 +2,8 @@
 
 Every policy is a small synchronous object: it takes ``now`` and a frozen
 :class:`~gpufleet.fleet.FleetView`, returns a frozen decision, and keeps its memory in named
-fields. The gateway and the fleet simulator drive the same objects.
+fields. The pool controller (``gpufleet.control``) owns and drives them, the same objects for
+the gateway and the fleet simulator, which reach them only through it (``.importlinter``).
 
 * Routing: :func:`make_router` builds a :class:`Router` from a fleet file's ``routing``
   entry (docs/design/routing.md).
@@ -11,8 +12,9 @@ fields. The gateway and the fleet simulator drive the same objects.
 * Autoscaling: :class:`AutoscalePolicy` sizes one model pool (reactive windows, a demand
   forecast as a floor, prewarmed standbys, drains), on the shared :func:`saturation`
   (docs/design/autoscaling.md).
-* Tenancy: :class:`FairQueue` (admission queue: strict priority classes, weighted fair share
-  on a virtual token counter) and :class:`TenantQuota` (rpm, tpm, concurrency) (docs/tenants.md).
+* Admission: :class:`PoolAdmission` and its :class:`FairQueue` (strict priority classes,
+  weighted fair share on a virtual token counter) (docs/tenants.md). A tenant's quota (rpm,
+  tpm, concurrency) is the gateway's, checked before a request reaches the controller.
 """
 
 from gpufleet.policy._admission import (
@@ -68,7 +70,6 @@ from gpufleet.policy._health import (
 )
 from gpufleet.policy._prefix import PrefixAwareRouter, PrefixIndex
 from gpufleet.policy._probe import ProbeState, ProbeStatus
-from gpufleet.policy._quota import Denial, QuotaLimits, SlidingWindow, TenantQuota
 from gpufleet.policy._ranking import (
     CandidateFilter,
     Candidates,
@@ -103,7 +104,6 @@ __all__ = [
     "CandidateFilter",
     "Candidates",
     "DemandForecaster",
-    "Denial",
     "EjectionCause",
     "EjectionRecord",
     "FairQueue",
@@ -126,7 +126,6 @@ __all__ = [
     "PrefixIndex",
     "ProbeState",
     "ProbeStatus",
-    "QuotaLimits",
     "Ranking",
     "Redundancy",
     "ReplicaHealth",
@@ -143,9 +142,7 @@ __all__ = [
     "ScaleProposal",
     "SessionConfig",
     "SessionRouter",
-    "SlidingWindow",
     "Standby",
-    "TenantQuota",
     "Ticket",
     "UtilisationSample",
     "choose_drain",
