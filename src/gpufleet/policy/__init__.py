@@ -24,13 +24,10 @@ from gpufleet.policy._admission import (
     PoolAdmission,
     PoolGauge,
     Ticket,
-    pool_level,
     pool_saturated,
 )
 from gpufleet.policy._autoscale import (
-    SCALED,
     AutoscalePolicy,
-    AutoscaleSnapshot,
     PoolView,
     ScaleDecision,
     ScaleDirection,
@@ -39,12 +36,11 @@ from gpufleet.policy._autoscale import (
     ScaleInputs,
     ScaleProposal,
     Standby,
-    UtilisationSample,
     choose_drain,
     redundancy_floor,
 )
 from gpufleet.policy._autoscale_config import AutoscaleConfig, ForecastConfig
-from gpufleet.policy._autoscale_forecast import DemandForecaster, Forecast, ForecastSnapshot
+from gpufleet.policy._autoscale_forecast import DemandForecaster, Forecast
 from gpufleet.policy._autoscale_record import decision_record
 from gpufleet.policy._autoscale_saturation import pool_utilisation, saturation
 from gpufleet.policy._breaker import BreakerPhase, BreakerState, EjectionCause, ejection_time
@@ -66,7 +62,6 @@ from gpufleet.policy._health import (
     HealthDecision,
     HealthPolicy,
     ReplicaHealth,
-    ejection_limit,
 )
 from gpufleet.policy._prefix import PrefixAwareRouter, PrefixIndex
 from gpufleet.policy._probe import ProbeState, ProbeStatus
@@ -93,12 +88,10 @@ from gpufleet.policy._session import SessionRouter
 __all__ = [
     "CLASSES",
     "ROUTER_POLICIES",
-    "SCALED",
     "ActiveCheckConfig",
     "AdmissionConfig",
     "AutoscaleConfig",
     "AutoscalePolicy",
-    "AutoscaleSnapshot",
     "BreakerPhase",
     "BreakerState",
     "CandidateFilter",
@@ -109,7 +102,6 @@ __all__ = [
     "FairQueue",
     "Forecast",
     "ForecastConfig",
-    "ForecastSnapshot",
     "HealthConfig",
     "HealthDecision",
     "HealthPolicy",
@@ -144,16 +136,13 @@ __all__ = [
     "SessionRouter",
     "Standby",
     "Ticket",
-    "UtilisationSample",
     "choose_drain",
     "decision_record",
-    "ejection_limit",
     "ejection_time",
     "in_panic",
     "kv_scores",
     "make_router",
     "parse_router_config",
-    "pool_level",
     "pool_saturated",
     "pool_utilisation",
     "redundancy",
