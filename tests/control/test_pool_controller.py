@@ -14,6 +14,7 @@ from gpufleet.control import (
     FleetController,
     Probe,
     ProbeAnswered,
+    QueueReport,
     Reject,
     RejectReason,
     Replicas,
@@ -170,6 +171,24 @@ def test_a_held_request_times_out() -> None:
     out = control.handle(5.0, Tick())
     assert Reject("r0", RejectReason.HOLD_TIMEOUT) in out
     assert control.pools[POOL].in_flight == 0
+
+
+def test_the_admission_queue_is_read_through_the_controller() -> None:
+    """What the simulator's report reads: the gate's numbers, or an empty queue without one."""
+    fleet = parse_fleet({"models": [{"name": POOL, "args": ["--max-num-seqs", "8"]}]})
+    assert FleetController.of(fleet, admission=False).queues() == {POOL: QueueReport(8, 0, {})}
+    control = FleetController.of(fleet, admission=True)
+    up(control, 0.0, 2)
+    for i in range(3):
+        request = RouteRequest(f"r{i}", POOL, prompt_tokens=100, tenant="t")
+        control.handle(0.1 * i, Arrived(request))
+        control.handle(0.1 * i + 0.05, Finished(POOL, f"r{i}", Outcome.SUCCESS, (100, 20)))
+    gate = control.pools[POOL].admission
+    assert gate is not None
+    report = control.queues()[POOL]
+    assert report == QueueReport(8, gate.queue_max, gate.queue.counters)
+    assert report.counters["t"] > 0
+    assert report.counters is not gate.queue.counters  # a copy: the report cannot move the gate
 
 
 def test_a_simulated_run_replays_to_the_same_decisions() -> None:

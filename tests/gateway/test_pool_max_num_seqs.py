@@ -103,5 +103,7 @@ def test_the_simulators_gate_and_autoscaler_take_the_pools_cap() -> None:
     admission = sim.control.pools[MODEL].admission
     assert admission is not None
     assert admission.gauge.max_num_seqs == SEQS
-    assert sim.autoscaling.pools[MODEL].policy.max_num_seqs == SEQS
+    autoscaler = sim.control.pools[MODEL].autoscaler  # the controller's, which the sim acts for
+    assert autoscaler is not None
+    assert autoscaler.max_num_seqs == SEQS
     assert all(d.model.config.max_num_seqs == SEQS for d in sim.harness.drivers)

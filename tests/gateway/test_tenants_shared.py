@@ -19,7 +19,7 @@ import pytest
 from gpufleet.engine.server import SimEngineConfig, create_app
 from gpufleet.gateway._quotas import Lease
 from gpufleet.gateway._quotas_redis import RedisQuotas
-from gpufleet.policy import Denial, QuotaLimits
+from gpufleet.gateway._tenant_quota import Denial, QuotaLimits
 from gpufleet.store import TenantSettings
 from tests.gateway.conftest import MODEL, closed_port_url, serve_app, sim_replica
 from tests.gateway.redis_server import redis_server, unavailable

@@ -41,6 +41,7 @@ from gpufleet.config import (
     is_loopback,
     load_fleet,
 )
+from gpufleet.control import Redundancy, Standby
 from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.gateway import (
     Gateway,
@@ -57,7 +58,6 @@ from gpufleet.gateway import (
     no_spare_message,
     required_replicas,
 )
-from gpufleet.policy import Redundancy, Standby
 from gpufleet.runtime import (
     EngineKind,
     EngineSpec,

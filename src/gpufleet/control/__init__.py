@@ -5,6 +5,15 @@ happens into :mod:`events <gpufleet.control._events>` and carry out the commands
 back; every rule between them and the policies (``gpufleet.policy``) lives here
 (docs/architecture.md). ``gpufleet up --record`` writes the events, ``gpufleet replay``
 feeds them to a fresh controller.
+
+The shells reach the policies only through this package (an import contract in
+``.importlinter``): the controller owns every router, health policy, admission gate and
+autoscaler, and re-exports just the values that cross to the shells in its events and
+commands, its vocabulary: a :class:`Standby` the runtime reports, a :class:`ScaleDecision`
+(its :class:`ScaleDirection`) and the :class:`PoolView` it was made on, an
+:class:`EjectionRecord`, a decision's log line (:func:`decision_record`), the N+1 check on
+a routing view (:func:`redundancy`, :class:`Redundancy`) and the priority classes
+(:data:`CLASSES`).
 """
 
 from gpufleet.control._events import (
@@ -34,6 +43,7 @@ from gpufleet.control._events import (
 from gpufleet.control._fleet import (
     DecisionLog,
     FleetController,
+    QueueReport,
     Recorded,
     read_recording,
     replay,
@@ -41,36 +51,59 @@ from gpufleet.control._fleet import (
 from gpufleet.control._pool import ANONYMOUS, PoolController, PoolCounters
 from gpufleet.control._settings import PoolSettings
 
+# The controller's vocabulary (see above): policy values the shells pass around.
+from gpufleet.policy import (
+    CLASSES,
+    EjectionRecord,
+    PoolView,
+    Redundancy,
+    ScaleDecision,
+    ScaleDirection,
+    Standby,
+    decision_record,
+    redundancy,
+)
+
 __all__ = [
     "ANONYMOUS",
+    "CLASSES",
     "Arrived",
     "AttemptFailed",
     "ClientGone",
     "Command",
     "DecisionLog",
     "Ejected",
+    "EjectionRecord",
     "Event",
     "Finished",
     "FleetController",
     "PoolController",
     "PoolCounters",
     "PoolSettings",
+    "PoolView",
     "Probe",
     "ProbeAnswered",
+    "QueueReport",
     "Recorded",
+    "Redundancy",
     "Reject",
     "RejectReason",
     "ReplicaSeen",
     "Replicas",
     "Route",
     "Scale",
+    "ScaleDecision",
+    "ScaleDirection",
     "Scraped",
     "ScrapedLoad",
+    "Standby",
     "Standbys",
     "Tick",
     "command_to_json",
+    "decision_record",
     "event_from_json",
     "event_to_json",
     "read_recording",
+    "redundancy",
     "replay",
 ]

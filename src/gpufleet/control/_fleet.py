@@ -78,6 +78,19 @@ class DecisionLog:
         self._out.flush()
 
 
+@dataclass(frozen=True, slots=True)
+class QueueReport:
+    """A pool's admission queue as a report shows it: numbers read from the controller's
+    gate (the shells never build one of their own)."""
+
+    max_num_seqs: int
+    """The running-batch cap the pool's saturation is judged by."""
+    queue_max: int
+    """The longest the queue has been."""
+    counters: Mapping[str, float]
+    """Per tenant: its virtual token counter (the fair share's weighted tokens)."""
+
+
 class FleetController:
     """One :class:`PoolController` per model pool, in the fleet file's order."""
 
@@ -162,6 +175,19 @@ class FleetController:
             if t is not None and (due is None or t < due):
                 due = t
         return due
+
+    def queues(self) -> dict[str, QueueReport]:
+        """Each pool's admission queue, read-only; a pool without admission reads as an
+        empty queue at its ``max_num_seqs``."""
+        out: dict[str, QueueReport] = {}
+        for name, pool in self.pools.items():
+            gate = pool.admission
+            out[name] = (
+                QueueReport(pool.settings.max_num_seqs, 0, {})
+                if gate is None
+                else QueueReport(gate.gauge.max_num_seqs, gate.queue_max, dict(gate.queue.counters))
+            )
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ gateway's own port (``GatewayServer(app, tls=…)``), :class:`ReplicaTLS` for ``
 replicas (``Http11ReplicaClient(tls=…)``).
 """
 
+from gpufleet.control import decision_record  # the autoscaler's log line (shared with the sim)
 from gpufleet.gateway._app import SERVER_OPTIONS, Gateway, create_gateway
 from gpufleet.gateway._autoscale import AutoscaleMetrics, ScaleActuator, ScaleExecutor
 from gpufleet.gateway._control import LiveControl
@@ -35,7 +36,6 @@ from gpufleet.gateway._upstream import (
     UpstreamResponse,
 )
 from gpufleet.gateway._views import no_spare_message, required_replicas
-from gpufleet.policy import decision_record  # the autoscaler's log line (shared with the sim)
 
 __all__ = [
     "SERVER_OPTIONS",

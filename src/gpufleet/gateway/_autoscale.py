@@ -24,15 +24,15 @@ from typing import Final, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpufleet.config import FleetConfig
-from gpufleet.control import Scale
-from gpufleet.fleet import ReplicaId
-from gpufleet.policy import (
+from gpufleet.control import (
     PoolView,
+    Scale,
     ScaleDecision,
     ScaleDirection,
     Standby,
     decision_record,
 )
+from gpufleet.fleet import ReplicaId
 
 logger = logging.getLogger("gpufleet.autoscale")
 

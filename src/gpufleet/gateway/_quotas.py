@@ -1,5 +1,5 @@
-"""The gateway's book of per-tenant quotas: the pure :class:`~gpufleet.policy.TenantQuota`
-of each tenant, kept in this process.
+"""The gateway's book of per-tenant quotas: the pure
+:class:`~gpufleet.gateway._tenant_quota.TenantQuota` of each tenant, kept in this process.
 
 ::
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpufleet.policy import Denial, QuotaLimits, TenantQuota
+from gpufleet.gateway._tenant_quota import Denial, QuotaLimits, TenantQuota
 
 
 @dataclass(slots=True)

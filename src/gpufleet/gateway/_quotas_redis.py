@@ -3,9 +3,10 @@
 Without it each gateway holds its tenants to the full limits alone, so N gateways let a
 tenant through N times its ``rpm``. Here the windows live in Redis and one Lua script checks
 and records a start atomically, so the limits hold across instances. It is the same
-arithmetic as the pure :class:`~gpufleet.policy.TenantQuota` (exact 60-second sliding
-windows; ``tpm`` charged at completion), kept in Redis, with Redis's clock (``TIME``), so
-the gateways' clocks need not agree. Per tenant, under one hash tag (one Redis Cluster slot):
+arithmetic as the pure :class:`~gpufleet.gateway._tenant_quota.TenantQuota` (exact
+60-second sliding windows; ``tpm`` charged at completion), kept in Redis, with Redis's clock
+(``TIME``), so the gateways' clocks need not agree. Per tenant, under one hash tag (one Redis
+Cluster slot):
 
 * ``…:req``  sorted set of requests started (score: start time, ms);
 * ``…:tok``  sorted set of token charges (member ``<tokens>:<id>``) and ``…:tot`` their sum;
@@ -14,11 +15,12 @@ the gateways' clocks need not agree. Per tenant, under one hash tag (one Redis C
   within ``LEASE`` seconds instead of holding them forever.
 
 **Redis away: fail open, to per-gateway limits.** A request that cannot reach Redis within
-``TIMEOUT`` is checked against this gateway's own :class:`~gpufleet.policy.TenantQuota`
-(kept up to date beside Redis all along), a warning is logged, and Redis is tried again after
-``RETRY``. Failing closed would turn a Redis outage into a full outage of every tenant's
-service; failing open to local limits keeps every tenant served and still bounded (by N ×
-the limit, as without Redis) until it is back. What an outage costs: token charges of
+``TIMEOUT`` is checked against this gateway's own
+:class:`~gpufleet.gateway._tenant_quota.TenantQuota` (kept up to date beside Redis all
+along), a warning is logged, and Redis is tried again after ``RETRY``. Failing closed would
+turn a Redis outage into a full outage of every tenant's service; failing open to local
+limits keeps every tenant served and still bounded (by N × the limit, as without Redis)
+until it is back. What an outage costs: token charges of
 requests that end meanwhile, and slots of requests that started before it (until their
 leases expire).
 """
@@ -39,7 +41,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gpufleet.gateway._quotas import Lease, Quotas
-from gpufleet.policy import Denial, QuotaLimits
+from gpufleet.gateway._tenant_quota import Denial, QuotaLimits
 
 logger = logging.getLogger("gpufleet.gateway")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpufleet.config import FleetConfig, TenantsConfig
+from gpufleet.control import CLASSES
 from gpufleet.gateway._errors import BadRequestError
 from gpufleet.gateway._quotas import Lease, Quotas
 from gpufleet.gateway._quotas_redis import RedisQuotas
@@ -34,8 +35,8 @@ from gpufleet.gateway._tenancy_errors import (
     RateLimitedError,
     UnauthorizedError,
 )
+from gpufleet.gateway._tenant_quota import QuotaLimits
 from gpufleet.gateway._usage import Meter, ask_for_usage
-from gpufleet.policy import CLASSES, QuotaLimits
 from gpufleet.store import (
     Journal,
     Snapshot,

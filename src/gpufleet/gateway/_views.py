@@ -17,9 +17,9 @@ import logging
 from typing import Final
 
 from gpufleet.config import FleetConfig, ModelConfig
+from gpufleet.control import Redundancy, redundancy
 from gpufleet.fleet import FleetView, ReplicaId, ReplicaState
 from gpufleet.gateway._metrics import GatewayMetrics
-from gpufleet.policy import Redundancy, redundancy
 
 logger = logging.getLogger("gpufleet.gateway")
 

@@ -2,7 +2,8 @@
 
 Every policy is a small synchronous object: it takes ``now`` and a frozen
 :class:`~gpufleet.fleet.FleetView`, returns a frozen decision, and keeps its memory in named
-fields. The gateway and the fleet simulator drive the same objects.
+fields. The pool controller (``gpufleet.control``) owns and drives them, the same objects for
+the gateway and the fleet simulator, which reach them only through it (``.importlinter``).
 
 * Routing: :func:`make_router` builds a :class:`Router` from a fleet file's ``routing``
   entry (docs/design/routing.md).
@@ -11,8 +12,9 @@ fields. The gateway and the fleet simulator drive the same objects.
 * Autoscaling: :class:`AutoscalePolicy` sizes one model pool (reactive windows, a demand
   forecast as a floor, prewarmed standbys, drains), on the shared :func:`saturation`
   (docs/design/autoscaling.md).
-* Tenancy: :class:`FairQueue` (admission queue: strict priority classes, weighted fair share
-  on a virtual token counter) and :class:`TenantQuota` (rpm, tpm, concurrency) (docs/tenants.md).
+* Admission: :class:`PoolAdmission` and its :class:`FairQueue` (strict priority classes,
+  weighted fair share on a virtual token counter) (docs/tenants.md). A tenant's quota (rpm,
+  tpm, concurrency) is the gateway's, checked before a request reaches the controller.
 """
 
 from gpufleet.policy._admission import (
@@ -22,13 +24,10 @@ from gpufleet.policy._admission import (
     PoolAdmission,
     PoolGauge,
     Ticket,
-    pool_level,
     pool_saturated,
 )
 from gpufleet.policy._autoscale import (
-    SCALED,
     AutoscalePolicy,
-    AutoscaleSnapshot,
     PoolView,
     ScaleDecision,
     ScaleDirection,
@@ -37,12 +36,11 @@ from gpufleet.policy._autoscale import (
     ScaleInputs,
     ScaleProposal,
     Standby,
-    UtilisationSample,
     choose_drain,
     redundancy_floor,
 )
 from gpufleet.policy._autoscale_config import AutoscaleConfig, ForecastConfig
-from gpufleet.policy._autoscale_forecast import DemandForecaster, Forecast, ForecastSnapshot
+from gpufleet.policy._autoscale_forecast import DemandForecaster, Forecast
 from gpufleet.policy._autoscale_record import decision_record
 from gpufleet.policy._autoscale_saturation import pool_utilisation, saturation
 from gpufleet.policy._breaker import BreakerPhase, BreakerState, EjectionCause, ejection_time
@@ -64,11 +62,9 @@ from gpufleet.policy._health import (
     HealthDecision,
     HealthPolicy,
     ReplicaHealth,
-    ejection_limit,
 )
 from gpufleet.policy._prefix import PrefixAwareRouter, PrefixIndex
 from gpufleet.policy._probe import ProbeState, ProbeStatus
-from gpufleet.policy._quota import Denial, QuotaLimits, SlidingWindow, TenantQuota
 from gpufleet.policy._ranking import (
     CandidateFilter,
     Candidates,
@@ -92,24 +88,20 @@ from gpufleet.policy._session import SessionRouter
 __all__ = [
     "CLASSES",
     "ROUTER_POLICIES",
-    "SCALED",
     "ActiveCheckConfig",
     "AdmissionConfig",
     "AutoscaleConfig",
     "AutoscalePolicy",
-    "AutoscaleSnapshot",
     "BreakerPhase",
     "BreakerState",
     "CandidateFilter",
     "Candidates",
     "DemandForecaster",
-    "Denial",
     "EjectionCause",
     "EjectionRecord",
     "FairQueue",
     "Forecast",
     "ForecastConfig",
-    "ForecastSnapshot",
     "HealthConfig",
     "HealthDecision",
     "HealthPolicy",
@@ -126,7 +118,6 @@ __all__ = [
     "PrefixIndex",
     "ProbeState",
     "ProbeStatus",
-    "QuotaLimits",
     "Ranking",
     "Redundancy",
     "ReplicaHealth",
@@ -143,20 +134,15 @@ __all__ = [
     "ScaleProposal",
     "SessionConfig",
     "SessionRouter",
-    "SlidingWindow",
     "Standby",
-    "TenantQuota",
     "Ticket",
-    "UtilisationSample",
     "choose_drain",
     "decision_record",
-    "ejection_limit",
     "ejection_time",
     "in_panic",
     "kv_scores",
     "make_router",
     "parse_router_config",
-    "pool_level",
     "pool_saturated",
     "pool_utilisation",
     "redundancy",

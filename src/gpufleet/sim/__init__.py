@@ -3,17 +3,15 @@
 docs/design/sim-kernel.md explains the kernel and the driver, docs/traces.md the traces.
 """
 
-from gpufleet.sim._admission import SimTenant, TenantBook, TenantMix, parse_tenant
+from gpufleet.sim._admission import SimTenant, TenantMix, parse_tenant
 from gpufleet.sim._arrivals import ArrivalProcess
-from gpufleet.sim._autoscale import Autoscaling, Instance, Phase
+from gpufleet.sim._autoscale import Phase
 from gpufleet.sim._control import (
     PREFIX_HASH_TOKENS,
     SimControl,
-    SimReplicas,
     token_prefix_hashes,
 )
 from gpufleet.sim._faults import (
-    DEFAULT_STARTUP_S,
     BlackoutFault,
     CrashFault,
     Fault,
@@ -32,7 +30,7 @@ from gpufleet.sim._harness import (
     Routing,
 )
 from gpufleet.sim._kernel import NORMAL, URGENT, Event, Kernel, KernelClock, Part, ScheduledEvent
-from gpufleet.sim._plots import PLOTS, write_plots
+from gpufleet.sim._plots import write_plots
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import Recorder, RequestLog, RequestRecord
 from gpufleet.sim._replica_driver import ReplicaDriver
@@ -50,14 +48,11 @@ from gpufleet.sim._traces import (
 
 __all__ = [
     "DEFAULT_SPIKES",
-    "DEFAULT_STARTUP_S",
     "NORMAL",
-    "PLOTS",
     "PREFIX_BLOCK_TOKENS",
     "PREFIX_HASH_TOKENS",
     "URGENT",
     "ArrivalProcess",
-    "Autoscaling",
     "BlackoutFault",
     "Chooser",
     "ChooserRouting",
@@ -69,7 +64,6 @@ __all__ = [
     "FleetHarness",
     "FleetSimulation",
     "Gate",
-    "Instance",
     "Kernel",
     "KernelClock",
     "LogHistogram",
@@ -86,11 +80,9 @@ __all__ = [
     "ScheduledEvent",
     "SimControl",
     "SimOptions",
-    "SimReplicas",
     "SimTenant",
     "SlowFault",
     "Spike",
-    "TenantBook",
     "TenantMix",
     "TraceFormat",
     "TraceReader",

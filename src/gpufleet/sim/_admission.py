@@ -1,13 +1,13 @@
 """Tenants in the simulator: who sent each request, and each tenant's numbers.
 
-The admission queue itself is the pool controller's (``gpufleet.control``: one
-:class:`~gpufleet.policy.PoolAdmission` per pool, the gateway's); the simulator only says
-who sent a request (the trace's ``tenant``, or a draw from the ``--tenant`` mix) and counts
-what happened to each tenant::
+The admission queue itself is the pool controller's (``gpufleet.control``: one gate per
+pool, the gateway's); the simulator only says who sent a request (the trace's ``tenant``,
+or a draw from the ``--tenant`` mix) and counts what happened to each tenant::
 
     Arrival ─► TenantBook.of(index, request) ─► (tenant, class, weight) ─► Arrived
     Reject(shed | expired) ─► TenantBook.refused(index, reason)
     report ─► per tenant: latencies, queue waits, refusals; per pool: the queue's counters
+              (read from the controller: ``FleetController.queues()``)
 
 With admission on, the replicas do not fast-forward (``FleetSimulation`` turns it off): a
 queued request starts the instant another ends, on any replica, so no replica may run
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from random import Random
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.control import ANONYMOUS, RejectReason
-from gpufleet.policy import CLASSES, AdmissionConfig, PoolAdmission
+from gpufleet.config import TenantsConfig
+from gpufleet.control import ANONYMOUS, CLASSES, QueueReport, RejectReason
 from gpufleet.sim._traces import TraceRequest
 
 if TYPE_CHECKING:
@@ -165,13 +165,14 @@ class TenantBook:
         self,
         log: RequestLog,
         waits: Mapping[int, float],
-        gates: Mapping[str, PoolAdmission],
-        config: AdmissionConfig,
+        queues: Mapping[str, QueueReport],
+        tenancy: TenantsConfig,
         enabled: bool,
         quantiles: Callable[[Sequence[float]], dict[str, float | None]],
         rounded: Callable[[float | None], float | None],
     ) -> dict[str, Any]:
         """Each tenant's latencies, queue waits and refusals (report.json ``tenants``)."""
+        config = tenancy.admission
         names = self.tenants()
         ids = self.tenant_ids
         ttft: list[list[float]] = [[] for _ in names]
@@ -224,18 +225,16 @@ class TenantBook:
             "admission": {
                 "on": enabled,
                 "saturation": config.saturation,
-                "max_num_seqs": {pool: gate.gauge.max_num_seqs for pool, gate in gates.items()},
+                "max_num_seqs": {pool: queue.max_num_seqs for pool, queue in queues.items()},
                 "max_queue": config.max_queue,
                 "max_wait_s": config.max_wait,
                 "output_weight": config.output_weight,
                 "reserve_saturation": config.reserve_saturation,
                 "release_tick_s": config.tick,
-                "queue_max": {pool: gate.queue_max for pool, gate in gates.items()},
+                "queue_max": {pool: queue.queue_max for pool, queue in queues.items()},
                 "counters": {
-                    pool: {
-                        name: rounded(value) for name, value in sorted(gate.queue.counters.items())
-                    }
-                    for pool, gate in gates.items()
+                    pool: {name: rounded(value) for name, value in sorted(queue.counters.items())}
+                    for pool, queue in queues.items()
                 },
             },
             "tenants": tenants,

@@ -29,16 +29,15 @@ from enum import StrEnum
 from typing import Any, Final
 
 from gpufleet.config import ModelConfig, StartupConfig
-from gpufleet.control import Scale
-from gpufleet.fleet import ReplicaId
-from gpufleet.policy import (
-    AutoscalePolicy,
+from gpufleet.control import (
     PoolView,
+    Scale,
     ScaleDecision,
     ScaleDirection,
     Standby,
     decision_record,
 )
+from gpufleet.fleet import ReplicaId
 from gpufleet.sim._control import SimControl
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
@@ -119,10 +118,13 @@ class _Episode:
 
 @dataclass(slots=True)
 class PoolScaling:
-    """One autoscaled pool: its policy, its instances, what it decided and measured."""
+    """One autoscaled pool: its settings, what it decided and measured."""
 
     model: str
-    policy: AutoscalePolicy
+    target_utilisation: float
+    """The controller's autoscaling target (the over-target measure)."""
+    config: dict[str, Any]
+    """The controller's autoscaling settings, as report.json shows them."""
     startup: StartupConfig
     decisions: int = 0
     events: list[dict[str, object]] = field(default_factory=list)
@@ -169,9 +171,12 @@ class Autoscaling:
                 inst.history.append((0.0, Phase.SERVING))
                 inst.serving_at, inst.driver = 0.0, k
                 self._track(inst)
-            policy = control.control.pools[entry.name].autoscaler
-            if policy is not None:
-                self.pools[entry.name] = PoolScaling(entry.name, policy, entry.startup)
+            scale = control.control.pools[entry.name].settings.autoscale
+            if scale is not None:  # the controller decides for this pool
+                config = scale.model_dump(mode="json")
+                self.pools[entry.name] = PoolScaling(
+                    entry.name, scale.target_utilisation, config, entry.startup
+                )
         self._gpus = {m.name: m.tp for m in models}
         control.on_scale = self.act
         control.on_wake = self.retire_drained
@@ -301,7 +306,7 @@ class Autoscaling:
     def _measure(self, now: float, pool: PoolScaling, decision: ScaleDecision) -> None:
         """Over-target stretches: the stable window's load per ready replica above target."""
         inputs = decision.inputs
-        target = pool.policy.config.target_utilisation
+        target = pool.target_utilisation
         over = inputs.ready > 0 and inputs.stable_load / inputs.ready > target
         open_ = pool.over[-1] if pool.over and pool.over[-1].end is None else None
         if over and open_ is None:
@@ -355,7 +360,6 @@ class Autoscaling:
         pool = self.pools.get(model)
         if pool is None:
             return None
-        config = pool.policy.config
         lags = sorted(
             i.serving_at - i.asked_at
             for i in self.instances
@@ -375,7 +379,7 @@ class Autoscaling:
         episodes = [(e.start, e.end if e.end is not None else end) for e in pool.over]
         durations = sorted(max(0.0, b - a) for a, b in episodes)
         return {
-            "config": config.model_dump(mode="json"),
+            "config": pool.config,
             "startup": pool.startup.model_dump(mode="json"),
             "interval_s": self.interval,
             "decisions": pool.decisions,

@@ -38,6 +38,7 @@ from gpufleet.control import (
     AttemptFailed,
     Command,
     Ejected,
+    EjectionRecord,
     Finished,
     FleetController,
     Probe,
@@ -49,12 +50,12 @@ from gpufleet.control import (
     Scale,
     Scraped,
     ScrapedLoad,
+    Standby,
     Standbys,
     Tick,
 )
 from gpufleet.control import Event as ControlEvent
 from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
-from gpufleet.policy import EjectionRecord, Standby
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
 from gpufleet.sim._replica_driver import ReplicaDriver

@@ -23,7 +23,6 @@ from gpufleet.config import FleetConfig, ModelConfig
 from gpufleet.control import FleetController
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
 from gpufleet.fleet import ReplicaId, ReplicaState
-from gpufleet.policy import PoolAdmission
 from gpufleet.sim._admission import SimTenant, TenantBook, TenantMix
 from gpufleet.sim._autoscale import Autoscaling
 from gpufleet.sim._control import SimControl
@@ -532,13 +531,14 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
 def _tenants_report(sim: FleetSimulation) -> dict[str, Any]:
     tenants = sim.tenants
     assert tenants is not None
-    config = sim.fleet.tenants.admission
-    gates = {
-        name: pool.admission or PoolAdmission(config, pool.settings.max_num_seqs)
-        for name, pool in sim.control.pools.items()
-    }
     return tenants.report(
-        sim.harness.recorder.log, sim.routing.waits, gates, config, sim.admitting, _q, _r
+        sim.harness.recorder.log,
+        sim.routing.waits,
+        sim.control.queues(),
+        sim.fleet.tenants,
+        sim.admitting,
+        _q,
+        _r,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpufleet.policy import QuotaLimits, SlidingWindow, TenantQuota
+from gpufleet.gateway._tenant_quota import QuotaLimits, SlidingWindow, TenantQuota
 
 
 def test_rpm_admits_exactly_the_limit_per_window() -> None:

@@ -1,6 +1,10 @@
 """Per-tenant quotas: requests per minute, tokens per minute, concurrent requests.
 
-Pure and clock-injected. Both rates are exact sliding windows over the last 60 seconds (a log
+Pure and clock-injected (``.importlinter``: no asyncio, time or I/O; mypy strict), and the
+gateway's own: the tenancy layer checks a request against its tenant's quota before the
+request reaches the pool controller, so it is no pool-control policy and lives here rather
+than in ``gpufleet.policy`` (the Redis adapter, ``_quotas_redis.py``, is the same arithmetic
+shared across gateways). Both rates are exact sliding windows over the last 60 seconds (a log
 of the window's events, at most ``rpm`` of them for requests), not token buckets: a bucket
 that starts full lets a fresh tenant send two minutes' worth in its first minute, and the bar
 is "within 5 % of the rate over any minute".
