@@ -7,7 +7,6 @@ from gpufleet.sim._admission import SimTenant, TenantBook, TenantMix, parse_tena
 from gpufleet.sim._arrivals import ArrivalProcess
 from gpufleet.sim._autoscale import Autoscaling, Instance, Phase
 from gpufleet.sim._control import (
-    PREFIX_HASH_TOKENS,
     SimControl,
     SimReplicas,
     token_prefix_hashes,
@@ -41,6 +40,7 @@ from gpufleet.sim._stats import LogHistogram
 from gpufleet.sim._synth import DEFAULT_SPIKES, DiurnalCurve, Spike, synth_requests
 from gpufleet.sim._traces import (
     PREFIX_BLOCK_TOKENS,
+    PREFIX_HASH_TOKENS,
     TraceFormat,
     TraceReader,
     TraceRequest,
