@@ -13,7 +13,9 @@ never sits in memory. Every format ends in the same pipeline::
 
 Timestamps must not go back (the simulator feeds arrivals one at a time). A bad row is a
 ``ValueError`` naming the file, the line and the field. docs/traces.md documents the
-formats, the gpufleet JSONL schema and the choices made for each public trace.
+formats, the gpufleet JSONL schema and the choices made for each public trace. A pool
+controller's recording is a trace too (``sim/_recording_trace.py``: a what-if on recorded
+traffic).
 """
 
 from __future__ import annotations
