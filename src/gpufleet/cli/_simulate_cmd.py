@@ -72,6 +72,12 @@ def _scan(make: Any) -> tuple[int, float]:
     return count, last
 
 
+def _print_notes(reader: TraceReader) -> None:
+    """What the reader says about how it read the trace (a recording's gaps)."""
+    for note in reader.notes:
+        _console.print(f"note: {note}", markup=False)
+
+
 def _run_one(
     fleet: FleetConfig,
     options: SimOptions,
@@ -268,7 +274,10 @@ def simulate(
     trace: Annotated[Path | None, typer.Option(help="Request trace to replay.")] = None,
     fmt: Annotated[
         str | None,
-        typer.Option("--format", help="azure, mooncake, burstgpt, jsonl or lengths (detected)."),
+        typer.Option(
+            "--format",
+            help="azure, mooncake, burstgpt, jsonl, lengths or recording (detected).",
+        ),
     ] = None,
     rate_scale: Annotated[float, typer.Option(help="Replay this many times faster.")] = 1.0,
     duration: Annotated[
@@ -386,7 +395,9 @@ def simulate(
         "seed": run_seed,
         "requests": total[0],
         "skipped": first.skipped,
+        "estimated_outputs": first.estimated,
     }
+    _print_notes(first)
     reports: dict[str, dict[str, Any]] = {}
     speeds: dict[str, Any] = {}
     for path, config in configs.items():

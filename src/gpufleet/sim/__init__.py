@@ -7,7 +7,6 @@ from gpufleet.sim._admission import SimTenant, TenantMix, parse_tenant
 from gpufleet.sim._arrivals import ArrivalProcess
 from gpufleet.sim._autoscale import Phase
 from gpufleet.sim._control import (
-    PREFIX_HASH_TOKENS,
     SimControl,
     token_prefix_hashes,
 )
@@ -39,6 +38,7 @@ from gpufleet.sim._stats import LogHistogram
 from gpufleet.sim._synth import DEFAULT_SPIKES, DiurnalCurve, Spike, synth_requests
 from gpufleet.sim._traces import (
     PREFIX_BLOCK_TOKENS,
+    PREFIX_HASH_TOKENS,
     TraceFormat,
     TraceReader,
     TraceRequest,

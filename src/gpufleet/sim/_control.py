@@ -24,7 +24,8 @@ Prefix hashes name token blocks: the gateway hashes the prompt *text* in blocks 
 characters, chained (:func:`~gpufleet.fleet.text_prefix_hashes`); the simulator has token
 ids, so it chains hashes over blocks of :data:`PREFIX_HASH_TOKENS` = 128 ids (512 characters
 at ~4 characters per token), at most 256 blocks, tail dropped. Trace prefix blocks
-(``hash_ids``, 512 tokens) are whole multiples of 128.
+(``hash_ids``: 512 tokens, or a recording's 128) are whole multiples of 128, so a block the
+trace shares is a run of hashes the router sees shared.
 """
 
 from __future__ import annotations
@@ -59,10 +60,8 @@ from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
 from gpufleet.sim._replica_driver import ReplicaDriver
-from gpufleet.sim._traces import TraceRequest
+from gpufleet.sim._traces import PREFIX_HASH_TOKENS, TraceRequest
 
-PREFIX_HASH_TOKENS: Final = 128
-"""Token ids per prefix-hash block: the token count of the gateway's 512-character block."""
 PREFIX_HASH_MAX_BLOCKS: Final = 256
 """At most this many blocks are hashed, as in the gateway."""
 

@@ -3,7 +3,7 @@
 Traces give lengths, not text, but the replica model's prefix cache works on token ids.
 ``PromptBuilder`` makes ids deterministically from what a trace does say::
 
-    Mooncake request, input_length 1100, hash_ids [7, 9, 4]
+    Mooncake request, input_length 1100, hash_ids [7, 9, 4], 512-token blocks
 
     ids   [ block(7): 512 ids ][ block(9): 512 ids ][ block(4)[:76] ]
            └── same ids in every request whose hash_ids start 7, 9 ...
@@ -18,14 +18,16 @@ of one seeded pseudo-random sequence. The model names a 16-token KV block by a h
 over the whole prefix, so a distinct header in the first 16 tokens is enough to make two
 prompts share nothing from there on, and equal hash ids give equal ids, hence equal KV
 blocks. A prompt longer than its hash blocks continues with ids of its own; hash ids beyond
-the prompt's length are ignored (the last block is usually partial).
+the prompt's length are ignored (the last block is usually partial). A block is
+``request.block_tokens`` long: 512 for Mooncake's ids, 128 for a recording's (the gateway's
+512-character blocks); a block id is only ever used at one size within one trace.
 """
 
 from __future__ import annotations
 
 import random
 
-from gpufleet.sim._traces import PREFIX_BLOCK_TOKENS, TraceRequest
+from gpufleet.sim._traces import TraceRequest
 
 _POOL_SIZE = 1 << 16
 _HEADER = 4
@@ -58,7 +60,7 @@ class PromptBuilder:
         for hash_id in hashes:
             if left <= 0:
                 break
-            take = min(left, PREFIX_BLOCK_TOKENS)
+            take = min(left, request.block_tokens)
             ids.extend(self._ids(_BLOCK_SPACE, hash_id, take))
             left -= take
         if left > 0:

@@ -13,7 +13,9 @@ never sits in memory. Every format ends in the same pipeline::
 
 Timestamps must not go back (the simulator feeds arrivals one at a time). A bad row is a
 ``ValueError`` naming the file, the line and the field. docs/traces.md documents the
-formats, the gpufleet JSONL schema and the choices made for each public trace.
+formats, the gpufleet JSONL schema and the choices made for each public trace. A pool
+controller's recording is a trace too (``sim/_recording_trace.py``: a what-if on recorded
+traffic).
 """
 
 from __future__ import annotations
@@ -31,9 +33,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpufleet.sim._arrivals import ArrivalProcess
+from gpufleet.sim._recording_trace import recording_rows
 
 PREFIX_BLOCK_TOKENS = 512
 """Tokens per prefix block named by a trace's ``hash_ids`` (Mooncake's block size)."""
+PREFIX_HASH_TOKENS = 128
+"""Tokens per block of the gateway's prefix hashes: a 512-character block at the gateway's
+estimate of 4 characters a token. The simulated router hashes blocks of this many ids, and a
+recording's ``hash_ids`` name blocks of this size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +52,16 @@ class TraceRequest:
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...] | None = None
-    """Names of the prompt's 512-token blocks: equal ids are equal blocks (Mooncake)."""
+    """Names of the prompt's leading blocks of ``block_tokens`` tokens: equal ids are equal
+    blocks (Mooncake)."""
     session: str | None = None
     model: str | None = None
     tenant: str | None = None
     """Who sent it (gpufleet JSONL ``tenant``): the simulated gateway's admission queue
     shares the fleet fairly between tenants (docs/simulator.md, "Tenants and admission")."""
+    block_tokens: int = PREFIX_BLOCK_TOKENS
+    """Tokens per ``hash_ids`` block: 512 (Mooncake's), or :data:`PREFIX_HASH_TOKENS` for a
+    recording, whose blocks are the gateway's 512-character ones."""
 
 
 class TraceFormat(StrEnum):
@@ -66,12 +77,15 @@ class TraceFormat(StrEnum):
     """gpufleet JSON lines: arrival_s, input_tokens, output_tokens (+ hash_ids, session, model)."""
     LENGTHS = "lengths"
     """Length-only CSV (Vidur's num_prefill_tokens, num_decode_tokens); needs arrivals."""
+    RECORDING = "recording"
+    """A pool controller recording (``gpufleet up --record``): its arrivals, sized by their
+    ``finished`` events (docs/traces.md, "What-if on a recording")."""
 
 
 class TraceReader(Iterator[TraceRequest]):
     """The requests of one trace file, read lazily, once; made by :func:`load_trace`."""
 
-    __slots__ = ("_rows", "format", "path", "requests", "skipped")
+    __slots__ = ("_rows", "estimated", "format", "notes", "path", "requests", "skipped")
 
     def __init__(self, path: Path, fmt: TraceFormat) -> None:
         self.path = path
@@ -80,6 +94,12 @@ class TraceReader(Iterator[TraceRequest]):
         """Requests handed out so far."""
         self.skipped = 0
         """Rows left out so far: BurstGPT's failed requests (0 response tokens)."""
+        self.estimated = 0
+        """Requests handed out so far whose output length the trace does not say: a
+        recording's requests that never finished with one (they get its median)."""
+        self.notes: list[str] = []
+        """What a user should know about how the file was read (``gpufleet simulate``
+        prints them once the trace is read)."""
         self._rows: Iterator[TraceRequest] = iter(())
 
     def __next__(self) -> TraceRequest:
@@ -171,6 +191,7 @@ def _requests(
     path = reader.path
     rows = _PARSERS[reader.format](path, reader)
     end = math.inf if duration is None else duration
+    block = _BLOCK_TOKENS.get(reader.format, PREFIX_BLOCK_TOKENS)
     last = -math.inf
     try:
         for line, arrival, input_tokens, output_tokens, hashes, session, model, tenant in rows:
@@ -186,7 +207,9 @@ def _requests(
                 at = arrival / rate_scale
             if at >= end:
                 return
-            yield TraceRequest(at, input_tokens, output_tokens, hashes, session, model, tenant)
+            yield TraceRequest(
+                at, input_tokens, output_tokens, hashes, session, model, tenant, block
+            )
     except UnicodeDecodeError as error:
         raise _not_text(path, error) from None
 
@@ -222,6 +245,7 @@ _CSV_COLUMNS = [
     (TraceFormat.LENGTHS, frozenset(_PLAIN_LENGTH_COLUMNS)),
 ]
 _JSON_KEYS = [
+    (TraceFormat.RECORDING, frozenset({"gpufleet_recording"})),
     (TraceFormat.MOONCAKE, frozenset({"timestamp", "input_length", "output_length"})),
     (TraceFormat.JSONL, frozenset({"arrival_s", "input_tokens", "output_tokens"})),
 ]
@@ -485,4 +509,7 @@ _PARSERS: dict[TraceFormat, Callable[[Path, TraceReader], Iterator[_Row]]] = {
     TraceFormat.BURSTGPT: _burstgpt_rows,
     TraceFormat.JSONL: _jsonl_rows,
     TraceFormat.LENGTHS: _lengths_rows,
+    TraceFormat.RECORDING: recording_rows,
 }
+_BLOCK_TOKENS: dict[TraceFormat, int] = {TraceFormat.RECORDING: PREFIX_HASH_TOKENS}
+"""Formats whose ``hash_ids`` name blocks other than Mooncake's 512 tokens."""
