@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from gpufleet.config import FleetConfig
 from gpufleet.control import PoolSettings, Route
 from gpufleet.fleet import Outcome, RouteRequest, text_prefix_hashes
-from gpufleet.gateway._admin import handle_admin
+from gpufleet.gateway._admin import AdminApi
 from gpufleet.gateway._autoscale import ScaleActuator, ScaleExecutor
 from gpufleet.gateway._control import LiveControl
 from gpufleet.gateway._errors import (
@@ -93,6 +93,8 @@ class Gateway:
         self._client: ReplicaClient | None = client
         self._clock = clock
         self.metrics = GatewayMetrics(registry)
+        self.admin = AdminApi(config, tenancy)
+        """``/admin`` (roles, audit) and the ``/metrics`` guard (docs/console.md)."""
         admitting = tenancy is not None  # the gateway queues only with auth on
         self.control = LiveControl(
             config,
@@ -153,11 +155,14 @@ class Gateway:
         path, method = scope["path"], scope["method"]
         try:
             tenancy = self.tenancy
+            if path.startswith("/admin"):  # its own credentials and roles, auth on or off
+                await self.admin.handle(scope, receive, send, rid)
+                return
             if tenancy is not None and path not in OPEN_PATHS:
-                if path.startswith("/admin"):
-                    await handle_admin(tenancy, scope, receive, send, rid)
-                    return
-                tenancy.authenticate(scope, path)
+                if path == "/metrics":  # an allowed address, an admin or a tenant
+                    self.admin.check_metrics(scope)
+                else:
+                    tenancy.authenticate(scope, path)
             chat = _COMPLETIONS.get(path)
             if chat is not None:
                 if method != "POST":
