@@ -397,7 +397,6 @@ class Tenancy:
         self._deny(scope, path, None if parts is None else parts[0], why)
 
 
-
 async def metered(
     admitted: Admitted, chunks: AsyncIterator[bytes], clock: Callable[[], float]
 ) -> AsyncIterator[bytes]:
