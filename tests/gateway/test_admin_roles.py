@@ -202,3 +202,8 @@ def test_with_auth_off_there_is_no_credential_and_no_store(tmp_path: Path) -> No
         assert refused.status_code == 404  # no store, so no tenants nor keys to act on
         assert "needs auth on" in refused.json()["error"]["message"]
         assert httpx.get(gw.url + "/admin/nope").status_code == 404
+        fleet = httpx.get(gw.url + "/admin/fleet").json()
+        assert [r["name"] for r in fleet["pools"][0]["replicas"]] == ["llama-3.1-8b-0"]
+        drain = httpx.post(gw.url + "/admin/replicas/llama-3.1-8b-0/drain")
+        assert drain.status_code == 403
+        assert "auth is off" in drain.json()["error"]["message"]

@@ -4,6 +4,8 @@ that may call it (viewer < operator < admin; the table is ``ROUTES`` here and
 ``FLEET_ROUTES`` in ``_admin_fleet``, written out in docs/console.md)::
 
     GET    /admin/whoami                       viewer    the caller's role
+    GET    /admin/fleet, /admin/events, /admin/quotas,
+    POST   /admin/replicas/{name}/drain        (the fleet's: ``_admin_fleet``)
     GET    /admin/tenants                      viewer    every tenant and its settings
     PUT    /admin/tenants/{name}               operator  create or replace a tenant's settings
     GET    /admin/keys[?tenant=NAME]           viewer    active keys (ids, never secrets)
@@ -31,13 +33,16 @@ import dataclasses
 import ipaddress
 import json
 import math
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qs
 
 from gpufleet.config import FleetConfig
+from gpufleet.gateway._admin_fleet import FLEET_ROUTES, FleetActions
 from gpufleet.gateway._admin_routes import AdminRoute, match
+from gpufleet.gateway._control import LiveControl
 from gpufleet.gateway._errors import (
     BadRequestError,
     GatewayError,
@@ -45,6 +50,7 @@ from gpufleet.gateway._errors import (
 )
 from gpufleet.gateway._tenancy import AdminPrincipal, Tenancy
 from gpufleet.gateway._tenancy_errors import ForbiddenError, UnauthorizedError
+from gpufleet.gateway._watch import FleetWatch
 from gpufleet.store import Role, StoreError, TenantSettings, parse_role, settings_dict
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -86,11 +92,24 @@ class AdminApi:
     """Authenticates, authorises by role, audits, and dispatches ``/admin`` requests."""
 
     def __init__(
-        self, config: FleetConfig, tenancy: Tenancy | None, routes: Sequence[AdminRoute] = ()
+        self,
+        config: FleetConfig,
+        tenancy: Tenancy | None,
+        control: LiveControl,
+        watch: FleetWatch,
+        *,
+        actions: FleetActions | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.tenancy = tenancy
-        self.routes = (*ROUTES, *routes)
+        self.control = control
+        self.watch = watch
+        self.actions = actions
+        """What operators may do to replicas (``None``: nothing; the gateway does not run
+        them)."""
+        self.clock = clock
+        self.routes = (*ROUTES, *FLEET_ROUTES)
         self._metrics_allow = tuple(
             ipaddress.ip_network(n, strict=False) for n in config.gateway.metrics_allow
         )
@@ -171,11 +190,15 @@ class AdminApi:
             raise UnauthorizedError("The admin API needs an admin credential.")
         return principal
 
-    def check_metrics(self, scope: Any) -> None:
-        """``/metrics`` with auth on: from an allowed network (``gateway.metrics_allow``),
-        with an admin credential (any role), or with a tenant's key; else 401 (audited)."""
+    def authorize(self, scope: Any, path: str) -> None:
+        """A request outside ``/admin`` with auth on: a tenant's key (401 otherwise, audited),
+        except that ``/metrics`` is also read from an allowed network
+        (``gateway.metrics_allow``) or with an admin credential of any role."""
         tenancy = self.tenancy
         if tenancy is None:
+            return
+        if path != "/metrics":
+            tenancy.authenticate(scope, path)
             return
         client = scope.get("client")
         if client and self._metrics_allow:
@@ -187,7 +210,7 @@ class AdminApi:
                 return
         if tenancy.admin_principal(scope) is not None:
             return
-        tenancy.authenticate(scope, scope["path"])
+        tenancy.authenticate(scope, path)
 
 
 def _action(method: str) -> str:

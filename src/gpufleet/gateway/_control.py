@@ -57,6 +57,7 @@ from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import Upstream
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._tenancy_errors import AdmissionError
+from gpufleet.gateway._timeline import Timeline
 from gpufleet.gateway._upstream import ReplicaClient
 from gpufleet.gateway._views import ViewExport
 
@@ -91,6 +92,8 @@ class LiveControl:
         self.metrics = metrics
         self.scaling = scaling
         self.views = ViewExport(config, metrics)
+        self.timeline = Timeline(clock)
+        """Ejections and acting scale decisions, for the console (``/admin/events``)."""
         self._models = {m.name: m for m in config.models}
         self._clock = clock
         self._on_gone = on_gone
@@ -144,9 +147,11 @@ class LiveControl:
                 case Ejected(record=r):
                     enforced = "true" if r.enforced else "false"
                     self.metrics.ejections.labels(r.model, r.cause.value, enforced).inc()
+                    self.timeline.ejected(now, r)
                 case Scale():
                     if self.scaling is not None:
                         self.scaling.carry_out(now, command)
+                    self.timeline.scaled(now, command)
         self._after(now, model)
         return commands
 
