@@ -424,6 +424,7 @@ async def _serve_gateway(config: FleetConfig, app: Gateway, serving: Serving) ->
         typer.echo(f"gateway listening on {base}")
         typer.echo(f"  API      {base}/v1  (models: {', '.join(m.name for m in config.models)})")
         typer.echo(f"  metrics  {base}/metrics   ready: {base}/ready")
+        typer.echo(f"  console  {base}/console")
         if serving.tls is not None:
             typer.echo(
                 f"  TLS      {serving.tls.cert_file} (reloaded when it changes, "
