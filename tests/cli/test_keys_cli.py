@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gpufleet.cli._app import app
-from gpufleet.store import Store, split_key
+from gpufleet.store import ADMIN_PREFIX, Store, split_key
 
 runner = CliRunner()
 
@@ -78,3 +78,47 @@ def test_usage_report(tmp_path: Path) -> None:
     assert json.loads(later.output) == []
     table = runner.invoke(app, ["usage", "--db", db])
     assert "team-a" in table.output
+
+
+def test_admin_credentials(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'g.db'}"
+    made = runner.invoke(
+        app, ["keys", "create", "--admin", "--role", "operator", "--name", "alice", "--db", db]
+    )
+    assert made.exit_code == 0, made.output
+    assert "(operator) for alice" in made.output
+    key = made.output.strip().splitlines()[-1]
+    parts = split_key(key, ADMIN_PREFIX)
+    assert parts is not None
+    listed = runner.invoke(app, ["keys", "list", "--admin", "--db", db])
+    assert parts[0] in listed.output
+    assert "operator" in listed.output
+    assert key not in listed.output
+    assert parts[0] not in runner.invoke(app, ["keys", "list", "--db", db]).output
+    revoked = runner.invoke(app, ["keys", "revoke", parts[0], "--db", db])
+    assert revoked.exit_code == 0, revoked.output
+    assert "revoked admin key" in revoked.output
+    again = runner.invoke(app, ["keys", "revoke", parts[0], "--db", db])
+    assert again.exit_code == 2
+    assert "no active key" in again.output
+    store = Store.open(db)
+    try:
+        assert store.admins.list() == []
+        actions = {e["action"] for e in store.audit_entries()}
+        assert {"admins.create", "admins.revoke"} <= actions
+    finally:
+        store.close()
+
+
+def test_admin_credential_errors(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'g.db'}"
+    for args, message in [
+        (["--admin"], "--admin needs --role"),
+        (["--admin", "--role", "root"], "role must be one of viewer, operator, admin"),
+        (["--admin", "--role", "viewer", "--tenant", "t"], "no tenant"),
+        (["--role", "viewer", "--rpm", "5"], "no tenant"),
+        ([], "give --tenant NAME"),
+    ]:
+        result = runner.invoke(app, ["keys", "create", *args, "--db", db])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)

@@ -81,6 +81,7 @@ async def live_fleet(
             actuator=RuntimeActuator(rt),
             tenancy=tenancy,
             record=record,
+            actions=RuntimeActuator(rt),
         )
         sock = socket.create_server(("127.0.0.1", 0))
         server = uvicorn.Server(

@@ -1,4 +1,5 @@
-"""``gpufleet keys`` and ``gpufleet usage``: tenants' API keys and what they used.
+"""``gpufleet keys`` and ``gpufleet usage``: tenants' API keys and what they used, and the
+admin credentials (``--admin --role viewer|operator|admin``) of ``/admin`` and ``/console``.
 
 They talk to the store directly (``$GPUFLEET_DB_URL``, or SQLite under ``$GPUFLEET_HOME``),
 like the gateway does: a key made or revoked here takes effect in a running gateway within
@@ -22,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli._errors import user_errors
-from gpufleet.store import Store, TenantSettings
+from gpufleet.store import ROLES, Store, StoreError, TenantSettings, parse_role
 
 app = typer.Typer(help="Create, list, rotate and revoke tenants' API keys.", no_args_is_help=True)
 
@@ -45,7 +46,9 @@ def _when(at: float | None) -> str:
 
 @app.command("create")
 def create(
-    tenant: Annotated[str, typer.Option(help="The tenant the key belongs to (created if new).")],
+    tenant: Annotated[
+        str | None, typer.Option(help="The tenant the key belongs to (created if new).")
+    ] = None,
     models: Annotated[
         str | None, typer.Option(help="Models it may use, comma-separated (default: all).")
     ] = None,
@@ -56,14 +59,31 @@ def create(
     concurrency: Annotated[int | None, typer.Option(help="Requests at once.")] = None,
     priority: Annotated[str | None, typer.Option(help="interactive (default) or batch.")] = None,
     weight: Annotated[float | None, typer.Option(help="Fair-share weight (default 1).")] = None,
+    admin: Annotated[
+        bool, typer.Option("--admin", help="An admin credential (for /admin and /console).")
+    ] = False,
+    role: Annotated[
+        str | None, typer.Option(help=f"The admin credential's role: {', '.join(ROLES)}.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Who holds the admin credential (shown in the audit log).")
+    ] = None,
     db: DbOption = None,
 ) -> None:
-    """A new key for TENANT; settings given replace the tenant's. The key is printed alone on
-    the last line, once: it is stored only as a hash.
+    """A new key for TENANT; settings given replace the tenant's. With --admin --role R, an
+    admin credential instead. The key is printed alone on the last line, once: it is stored
+    only as a hash.
 
-    Example: gpufleet keys create --tenant team-a --models llama-3.1-8b --rpm 600
+    Examples: gpufleet keys create --tenant team-a --models llama-3.1-8b --rpm 600;
+    gpufleet keys create --admin --role operator --name alice
     """
+    if admin or role is not None or name is not None:
+        tenant_only = (models, rpm, tpm, concurrency, priority, weight)
+        _create_admin(tenant, role, name, any(v is not None for v in tenant_only), db)
+        return
     with user_errors():
+        if tenant is None:
+            raise ValueError("give --tenant NAME (or --admin --role R for an admin credential)")
         store = Store.open(db)
         try:
             given = {
@@ -87,6 +107,28 @@ def create(
     typer.echo(key)
 
 
+def _create_admin(
+    tenant: str | None, role: str | None, name: str | None, settings: bool, db: str | None
+) -> None:
+    with user_errors():
+        if tenant is not None or settings:
+            raise ValueError("an admin credential has no tenant and no tenant settings")
+        if role is None:
+            raise ValueError(f"--admin needs --role ({', '.join(ROLES)})")
+        chosen = parse_role(role)
+        store = Store.open(db)
+        try:
+            info, key = store.admins.create(chosen, name)
+            detail = {"role": chosen.value, "name": name}
+            store.audit_now(_actor(), "admins.create", info.key_id, detail=detail)
+        finally:
+            store.close()
+    holder = f" for {name}" if name else ""
+    typer.echo(f"created admin key {info.key_id} ({chosen.value}){holder}")
+    typer.echo("the key is shown once; store it now:")
+    typer.echo(key)
+
+
 def _describe(settings: TenantSettings) -> str:
     models = "all models" if settings.models is None else ",".join(settings.models)
     limits = [
@@ -101,9 +143,13 @@ def _describe(settings: TenantSettings) -> str:
 def list_keys(
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
     all_keys: Annotated[bool, typer.Option("--all", help="Revoked keys too.")] = False,
+    admin: Annotated[bool, typer.Option("--admin", help="Admin credentials instead.")] = False,
     db: DbOption = None,
 ) -> None:
-    """Keys (ids only) and their tenants' settings."""
+    """Keys (ids only) and their tenants' settings; with --admin, admin credentials."""
+    if admin:
+        _list_admins(all_keys, db)
+        return
     with user_errors():
         store = Store.open(db)
         try:
@@ -123,6 +169,22 @@ def list_keys(
             _when(key.revoked_at),
             "-" if settings is None else _describe(settings),
         )
+    Console(width=160).print(table)
+
+
+def _list_admins(all_keys: bool, db: str | None) -> None:
+    with user_errors():
+        store = Store.open(db)
+        try:
+            admins = store.admins.list(include_revoked=all_keys)
+        finally:
+            store.close()
+    table = Table()
+    for column in ("key id", "role", "name", "created", "revoked"):
+        table.add_column(column)
+    for info in admins:
+        created, revoked = _when(info.created_at), _when(info.revoked_at)
+        table.add_row(info.key_id, info.role.value, info.name or "-", created, revoked)
     Console(width=160).print(table)
 
 
@@ -146,11 +208,23 @@ def rotate(
 def revoke(
     key_id: Annotated[str, typer.Argument(help="The key id to revoke.")], db: DbOption = None
 ) -> None:
-    """Revoke KEY_ID: running gateways refuse it within half a second."""
+    """Revoke KEY_ID (a tenant's key, else an admin credential): running gateways refuse it
+    within half a second."""
     with user_errors():
         store = Store.open(db)
         try:
-            info = store.revoke_key(key_id)
+            try:
+                info = store.revoke_key(key_id)
+            except StoreError:
+                found = store.admins.get(key_id)  # not a tenant's: an admin credential?
+                if found is None or not found.active:
+                    raise
+                admin = store.admins.revoke(key_id)
+                detail = {"role": admin.role.value, "name": admin.name}
+                store.audit_now(_actor(), "admins.revoke", key_id, detail=detail)
+                held = f", {admin.name}" if admin.name else ""
+                typer.echo(f"revoked admin key {key_id} ({admin.role.value}{held})")
+                return
             store.audit_now(_actor(), "keys.revoke", key_id, detail={"tenant": info.tenant})
         finally:
             store.close()

@@ -129,6 +129,20 @@ class RuntimeActuator(ScaleActuator):
             for r in self._runtime.snapshot.standbys(pool)
         )
 
+    def drain(self, pool: str, replica: ReplicaId) -> None:
+        """An operator's drain (the console): the pool wants one replica fewer and this one
+        goes first, drained as a scale-in drains. Not the pool's last one: that is a
+        scale to zero, not a drain."""
+        status = self._runtime.snapshot.get(replica)
+        if status is None or pool not in (status.model, status.pool) or status.standby:
+            raise ValueError(f"{replica} is not a serving replica of {pool}")
+        if status.state not in (ReplicaState.READY, ReplicaState.STARTING):
+            raise ValueError(f"{replica} is {status.state.value}")
+        count = self._runtime.desired[status.pool]
+        if count <= 1:
+            raise ValueError(f"it is the last replica of {pool}")
+        self._runtime.scale(status.pool, count - 1, [replica])
+
 
 class ClusterActuator(ScaleActuator):
     """The gateway's autoscaler acting on the pools' Deployments (operator mode): a scale-in
@@ -387,6 +401,7 @@ async def _serve(
                 actuator=RuntimeActuator(runtime) if scaled else None,
                 tenancy=tenancy,
                 record=serving.record,
+                actions=RuntimeActuator(runtime),  # operators' drains (the console)
             )
             if serving.record is not None:
                 typer.echo(f"recording control events to {serving.record.name}")
@@ -409,6 +424,7 @@ async def _serve_gateway(config: FleetConfig, app: Gateway, serving: Serving) ->
         typer.echo(f"gateway listening on {base}")
         typer.echo(f"  API      {base}/v1  (models: {', '.join(m.name for m in config.models)})")
         typer.echo(f"  metrics  {base}/metrics   ready: {base}/ready")
+        typer.echo(f"  console  {base}/console")
         if serving.tls is not None:
             typer.echo(
                 f"  TLS      {serving.tls.cert_file} (reloaded when it changes, "

@@ -32,6 +32,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -363,6 +364,21 @@ class GatewayConfig(_Strict):
     concurrency) live there, so N gateways hold a tenant to one limit (docs/tenants.md).
     With it, ``gpufleet deploy k8s`` runs two gateway replicas. Routing load, health and the
     admission queue stay in each gateway's memory."""
+    metrics_allow: tuple[str, ...] = ()
+    """Client networks (CIDR, ``127.0.0.1/32``, ``10.0.0.0/8``, ``::1/128``) that read
+    ``/metrics`` without a credential when auth is on, so Prometheus needs no key (default:
+    none; with auth on ``/metrics`` then needs a viewer credential or a tenant's key). The
+    address is the TCP peer's: behind a proxy, the proxy's."""
+
+    @field_validator("metrics_allow")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"{network!r} is not an address or network") from None
+        return value
 
     @model_validator(mode="after")
     def _redis_scheme(self) -> GatewayConfig:

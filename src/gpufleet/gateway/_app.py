@@ -27,8 +27,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from gpufleet.config import FleetConfig
 from gpufleet.control import PoolSettings, Route
 from gpufleet.fleet import Outcome, RouteRequest, text_prefix_hashes
-from gpufleet.gateway._admin import handle_admin
+from gpufleet.gateway._admin import AdminApi
+from gpufleet.gateway._admin_fleet import FleetActions
 from gpufleet.gateway._autoscale import ScaleActuator, ScaleExecutor
+from gpufleet.gateway._console import serve_console
 from gpufleet.gateway._control import LiveControl
 from gpufleet.gateway._errors import (
     BadRequestError,
@@ -51,6 +53,7 @@ from gpufleet.gateway._server import MAX_BODY
 from gpufleet.gateway._tenancy import OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._tls import ReplicaTLS
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
+from gpufleet.gateway._watch import FleetWatch
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -83,6 +86,7 @@ class Gateway:
         actuator: ScaleActuator | None = None,
         tenancy: Tenancy | None = None,
         record: IO[str] | None = None,
+        actions: FleetActions | None = None,
     ) -> None:
         self.config = config
         self.tenancy = tenancy
@@ -104,6 +108,11 @@ class Gateway:
         )
         """Every pool's controller (``gpufleet.control``): admission, routing, retries,
         health, holds and autoscaling decisions; this app carries them out."""
+        self.watch = FleetWatch(config, self.control, self.metrics, clock)
+        self.admin = AdminApi(
+            config, tenancy, self.control, self.watch, actions=actions, clock=clock
+        )
+        """``/admin`` by role, the console's JSON, the ``/metrics`` guard (docs/console.md)."""
         if record is not None:
             self.control.record(record)
         self._created = int(time.time())
@@ -153,11 +162,11 @@ class Gateway:
         path, method = scope["path"], scope["method"]
         try:
             tenancy = self.tenancy
+            if path.startswith(_OPERATORS):  # own credentials and roles, auth on or off
+                await self._operators(scope, receive, send, rid)
+                return
             if tenancy is not None and path not in OPEN_PATHS:
-                if path.startswith("/admin"):
-                    await handle_admin(tenancy, scope, receive, send, rid)
-                    return
-                tenancy.authenticate(scope, path)
+                self.admin.authorize(scope, path)  # a tenant's key (/metrics: or more)
             chat = _COMPLETIONS.get(path)
             if chat is not None:
                 if method != "POST":
@@ -172,6 +181,13 @@ class Gateway:
             await self._answer_error(send, error, rid)
         except ClientDisconnectedError:
             pass  # gone while sending its body: nothing to answer
+
+    async def _operators(self, scope: Scope, receive: Receive, send: Send, rid: Header) -> None:
+        """``/admin`` (by role) and ``/console`` (static; its data comes from ``/admin``)."""
+        if scope["path"].startswith("/admin"):
+            await self.admin.handle(scope, receive, send, rid)
+        else:
+            await serve_console(scope["method"], scope["path"], send, rid)
 
     async def _get(self, method: str, path: str, send: Send, rid: Header) -> None:
         if method not in ("GET", "HEAD"):
@@ -239,6 +255,7 @@ class Gateway:
                     if self._scraped:
                         scrape = self.control.scrape_loop(self._scraped)
                         loops.append(tg.create_task(scrape, name="gateway-scrape"))
+                    loops.append(tg.create_task(self.watch.run(self._client), name="watch"))
                     await send({"type": "lifespan.startup.complete"})
                     await receive()  # lifespan.shutdown
                     self.control.stop()  # no more probes into the closing group
@@ -515,6 +532,7 @@ class Gateway:
 
 
 _GETS: Final = frozenset({"/v1/models", "/health", "/ready", "/metrics"})
+_OPERATORS: Final = ("/admin", "/console")
 
 SERVER_OPTIONS: Final[dict[str, Any]] = {
     "http": "httptools",
@@ -539,13 +557,15 @@ def create_gateway(
     actuator: ScaleActuator | None = None,
     tenancy: Tenancy | None = None,
     record: IO[str] | None = None,
+    actions: FleetActions | None = None,
 ) -> Gateway:
     """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
 
     Metrics go to ``registry``; ``client`` replaces the HTTP upstream client (tests). With an
     ``actuator``, the models with ``autoscale`` are scaled through it (docs/gateway.md);
     ``tenancy`` turns auth, quotas, admission and the ledger on; ``record`` gets every
-    control event and its commands (``gpufleet up --record``, ``gpufleet replay``).
+    control event and its commands (``gpufleet up --record``, ``gpufleet replay``);
+    ``actions`` lets operators drain replicas from the admin API and the console.
     """
     return Gateway(
         config,
@@ -556,6 +576,7 @@ def create_gateway(
         actuator=actuator,
         tenancy=tenancy,
         record=record,
+        actions=actions,
     )
 
 

@@ -57,6 +57,7 @@ from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import Upstream
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._tenancy_errors import AdmissionError
+from gpufleet.gateway._timeline import Timeline
 from gpufleet.gateway._upstream import ReplicaClient
 from gpufleet.gateway._views import ViewExport
 
@@ -91,6 +92,8 @@ class LiveControl:
         self.metrics = metrics
         self.scaling = scaling
         self.views = ViewExport(config, metrics)
+        self.timeline = Timeline(clock)
+        """Ejections and acting scale decisions, for the console (``/admin/events``)."""
         self._models = {m.name: m for m in config.models}
         self._clock = clock
         self._on_gone = on_gone
@@ -145,8 +148,11 @@ class LiveControl:
                 r = command.record
                 enforced = "true" if r.enforced else "false"
                 self.metrics.ejections.labels(r.model, r.cause.value, enforced).inc()
-            elif isinstance(command, Scale) and self.scaling is not None:
-                self.scaling.carry_out(now, command)
+                self.timeline.ejected(now, r)
+            elif isinstance(command, Scale):
+                if self.scaling is not None:
+                    self.scaling.carry_out(now, command)
+                self.timeline.scaled(now, command)
         if model is None:
             for name in self.pools:
                 self._show(name)

@@ -44,6 +44,10 @@ class _Labelled(Collector):
             child = self._children[values] = self._new()
         return child
 
+    def children(self) -> list[tuple[tuple[str, ...], Any]]:
+        """Every ``(label values, child)`` now (the console's sampler reads them)."""
+        return list(self._children.items())
+
     def remove_where(self, index: int, value: str) -> None:
         """Drop every child whose label ``index`` is ``value`` (a replica that is gone)."""
         for values in [v for v in self._children if v[index] == value]:

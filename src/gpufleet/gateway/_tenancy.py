@@ -38,7 +38,9 @@ from gpufleet.gateway._tenancy_errors import (
 from gpufleet.gateway._tenant_quota import QuotaLimits
 from gpufleet.gateway._usage import Meter, ask_for_usage
 from gpufleet.store import (
+    ADMIN_PREFIX,
     Journal,
+    Role,
     Snapshot,
     Store,
     TenantSettings,
@@ -59,6 +61,19 @@ class Principal:
     tenant: str
     key_id: str
     settings: TenantSettings
+
+
+@dataclass(frozen=True, slots=True)
+class AdminPrincipal:
+    """Who calls the admin API: ``actor`` names them in the audit log."""
+
+    actor: str
+    """``admin:env`` (the ``$GPUFLEET_ADMIN_KEY`` credential) or ``admin:<key id>``."""
+    role: Role
+
+
+ENV_ADMIN: Final = AdminPrincipal("admin:env", Role.ADMIN)
+"""The credential of ``$GPUFLEET_ADMIN_KEY`` (or ``admin_key_file``): always ``admin``."""
 
 
 @dataclass(slots=True)
@@ -354,13 +369,33 @@ class Tenancy:
 
     # -- admin ------------------------------------------------------------------------------
 
-    def is_admin(self, scope: Any) -> bool:
+    @property
+    def admin_enabled(self) -> bool:
+        """Whether any admin credential exists (the variable's, or one in the store)."""
+        return self.admin_key is not None or bool(self.snapshot.admins)
+
+    def admin_principal(self, scope: Any) -> AdminPrincipal | None:
+        """The admin credential the request carries (checked against the snapshot, like
+        tenants' keys), or ``None``: missing, unknown, revoked, or a tenant's key."""
         key = _bearer(scope)
-        return (
-            self.admin_key is not None
-            and key is not None
-            and hmac.compare_digest(key.encode(), self.admin_key.encode())
-        )
+        if key is None:
+            return None
+        if self.admin_key is not None and hmac.compare_digest(
+            key.encode(), self.admin_key.encode()
+        ):
+            return ENV_ADMIN
+        parts = split_key(key, ADMIN_PREFIX)
+        entry = None if parts is None else self.snapshot.admins.get(parts[0])
+        if parts is None or entry is None or not secret_matches(parts[1], entry[0]):
+            return None
+        return AdminPrincipal(f"admin:{parts[0]}", entry[1])
+
+    def deny(self, scope: Any, path: str, why: str) -> None:
+        """Audit a refused credential (throttled per client address and minute, like a
+        tenant's; the key id when the key is well formed, never the key)."""
+        key = _bearer(scope)
+        parts = None if key is None else (split_key(key) or split_key(key, ADMIN_PREFIX))
+        self._deny(scope, path, None if parts is None else parts[0], why)
 
 
 async def metered(

@@ -1,5 +1,6 @@
 """Durable records: tenants, API keys, the usage ledger and the audit log (docs/tenants.md);
-the Batch API's files, batches and per-line progress (docs/batch.md).
+admin credentials with roles (docs/console.md); the Batch API's files, batches and per-line
+progress (docs/batch.md).
 
 SQLite (WAL) under ``$GPUFLEET_HOME`` by default, PostgreSQL when ``$GPUFLEET_DB_URL`` (or a
 fleet file's ``tenants.database_url``) says so, through SQLAlchemy Core. The gateway writes
@@ -7,6 +8,7 @@ its ledger through a :class:`Journal`: a record is on disk (in the kernel) befor
 sees its response end, and reaches the database in batches off the hot path.
 """
 
+from gpufleet.store._admins import ADMIN_PREFIX, ROLES, AdminKeyInfo, AdminKeys, Role, parse_role
 from gpufleet.store._batch_lines import DEFAULT_LEASE_S, BatchLines, LineClaim, LineResult
 from gpufleet.store._batches import MAX_BATCHES_PAGE, Batch, Batches, BatchPage
 from gpufleet.store._errors import StoreError
@@ -41,6 +43,7 @@ from gpufleet.store._store import (
 )
 
 __all__ = [
+    "ADMIN_PREFIX",
     "CHUNK_BYTES",
     "DEFAULT_LEASE_S",
     "FILE_PURPOSES",
@@ -50,7 +53,10 @@ __all__ = [
     "MAX_FILES_PAGE",
     "MAX_FILE_BYTES",
     "PRIORITIES",
+    "ROLES",
     "URL_ENV",
+    "AdminKeyInfo",
+    "AdminKeys",
     "Batch",
     "BatchLines",
     "BatchPage",
@@ -64,6 +70,7 @@ __all__ = [
     "LineClaim",
     "LineResult",
     "Priority",
+    "Role",
     "Snapshot",
     "Store",
     "StoreError",
@@ -73,6 +80,7 @@ __all__ = [
     "audit_row",
     "database_url",
     "home",
+    "parse_role",
     "read_records",
     "recover",
     "secret_matches",

@@ -23,21 +23,22 @@ class NewKey(NamedTuple):
     """The whole key: shown once, never stored."""
 
 
-def new_key() -> NewKey:
+def new_key(prefix: str = PREFIX) -> NewKey:
+    """A tenant's key, or with ``prefix`` another kind (admin credentials: ``gfa_``)."""
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
-    return NewKey(key_id, hash_secret(secret), f"{PREFIX}{key_id}_{secret}")
+    return NewKey(key_id, hash_secret(secret), f"{prefix}{key_id}_{secret}")
 
 
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def split_key(key: str) -> tuple[str, str] | None:
-    """``(key_id, secret)`` of a well-formed key, else ``None``."""
-    if not key.startswith(PREFIX):
+def split_key(key: str, prefix: str = PREFIX) -> tuple[str, str] | None:
+    """``(key_id, secret)`` of a well-formed key with ``prefix``, else ``None``."""
+    if not key.startswith(prefix):
         return None
-    key_id, sep, secret = key[len(PREFIX) :].partition("_")
+    key_id, sep, secret = key[len(prefix) :].partition("_")
     if not sep or len(key_id) != 12 or not secret:
         return None
     return key_id, secret

@@ -4,6 +4,8 @@
 
     tenants   name · models (JSON list or NULL: all) · rpm · tpm · concurrency · priority · weight
     api_keys  key_id · tenant · secret_hash (sha256) · created_at · revoked_at · replaced_by
+    admin_keys  key_id · role (viewer|operator|admin) · name · secret_hash · created_at ·
+                revoked_at   (admin credentials: no tenant; a table of their own, _admins.py)
     usage     id · request_id · time · tenant · key_id · model · replica · status · tokens · times
     audit     id · time · actor · action · target · outcome · detail (JSON)
     files        id · owner · purpose · filename · bytes · created_at
@@ -62,6 +64,17 @@ api_keys = Table(
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float, nullable=True),
     Column("replaced_by", String(32), nullable=True),
+)
+
+admin_keys = Table(
+    "admin_keys",
+    metadata,
+    Column("key_id", String(32), primary_key=True),
+    Column("role", String(16), nullable=False),
+    Column("name", String(128), nullable=True),
+    Column("secret_hash", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float, nullable=True),
 )
 
 usage = Table(

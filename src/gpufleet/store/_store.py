@@ -8,6 +8,7 @@ batches and batch lines, in one database.
     snapshot = store.snapshot()          # every key and tenant, what the gateway checks
     journal = store.journal()            # the gateway's durable, batched ledger writer
     store.files, store.batches, store.batch_lines   # the Batch API (docs/batch.md)
+    store.admins                         # admin credentials with roles (docs/console.md)
 
 SQLite (the default) runs in WAL mode: readers (``gpufleet keys list``, ``gpufleet usage``)
 never block the gateway's writer. PostgreSQL is used when the URL says so
@@ -29,6 +30,7 @@ from sqlalchemy import Engine, Integer, create_engine, event, func, insert, sele
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gpufleet.store import _schema as s
+from gpufleet.store._admins import AdminKeys, Role
 from gpufleet.store._batch_lines import BatchLines
 from gpufleet.store._batches import Batches
 from gpufleet.store._errors import StoreError
@@ -105,6 +107,8 @@ class Snapshot:
     keys: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """key id → (secret hash, tenant)."""
     tenants: Mapping[str, TenantSettings] = field(default_factory=dict)
+    admins: Mapping[str, tuple[str, Role]] = field(default_factory=dict)
+    """Admin credentials: key id → (secret hash, role)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,7 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         s.metadata.create_all(engine)
+        self.admins = AdminKeys(engine)
         self.files = Files(engine)
         self.batch_lines = BatchLines(engine)
         self.batches = Batches(engine, self.files, self.batch_lines)
@@ -254,9 +259,15 @@ class Store:
                 )
             ).all()
             tenants = conn.execute(select(s.tenants)).all()
+            admins = conn.execute(
+                select(
+                    s.admin_keys.c.key_id, s.admin_keys.c.secret_hash, s.admin_keys.c.role
+                ).where(s.admin_keys.c.revoked_at.is_(None))
+            ).all()
         return Snapshot(
             {k.key_id: (k.secret_hash, k.tenant) for k in keys},
             {t.name: _settings(t._mapping) for t in tenants},
+            {a.key_id: (a.secret_hash, Role(a.role)) for a in admins},
         )
 
     # -- records --------------------------------------------------------------------------
