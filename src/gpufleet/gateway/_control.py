@@ -50,7 +50,7 @@ from gpufleet.control import (
     Standbys,
     Tick,
 )
-from gpufleet.fleet import Outcome, ReplicaId, RouteRequest
+from gpufleet.fleet import FleetView, Outcome, ReplicaId, RouteRequest
 from gpufleet.gateway._autoscale import ScaleExecutor
 from gpufleet.gateway._errors import GatewayError, NoReplicaError, UpstreamError
 from gpufleet.gateway._metrics import GatewayMetrics
@@ -64,6 +64,7 @@ from gpufleet.gateway._views import ViewExport
 logger = logging.getLogger("gpufleet.gateway")
 
 Decision = Route | Reject
+_DECISIONS: Final = (Route, Reject)
 _FLUSH_EVERY: Final = 1.0
 """Seconds between two flushes of a recording, at most (on the timer's ticks)."""
 _RETRY_TICK: Final = 1.0
@@ -103,6 +104,7 @@ class LiveControl:
         self._seen: dict[str, tuple[ReplicaSeen, ...]] = {}
         self._standbys: dict[str, object] = {}
         self._held: dict[str, int] = {}
+        self._shown: dict[str, FleetView] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._tasks: asyncio.TaskGroup | None = None
@@ -139,40 +141,44 @@ class LiveControl:
         now = self._clock()
         commands = self.control.handle(now, event)
         for command in commands:
-            if isinstance(command, Route | Reject):
-                self._deliver(command)
-            elif isinstance(command, Probe):
-                if self._tasks is not None:
-                    self._tasks.create_task(self._probe(command.model, command.replica))
-            elif isinstance(command, Ejected):
-                r = command.record
-                enforced = "true" if r.enforced else "false"
-                self.metrics.ejections.labels(r.model, r.cause.value, enforced).inc()
-                self.timeline.ejected(now, r)
-            elif isinstance(command, Scale):
-                if self.scaling is not None:
-                    self.scaling.carry_out(now, command)
-                self.timeline.scaled(now, command)
+            if isinstance(command, _DECISIONS):
+                waiter = self._waiters.pop(command.request_id, None)
+                if waiter is None:  # decided inside its own event: taken back at once
+                    self._early[command.request_id] = command
+                elif not waiter.done():
+                    waiter.set_result(command)
+            else:
+                self._carry_out(now, command)
         if model is None:
-            for name in self.pools:
-                self._show(name)
+            for name, pool in self.pools.items():
+                self._show(name, pool)
             self._arm(now, self.control.next_wakeup())
         else:
-            self._show(model)
+            pool = self.pools[model]
+            if pool.view is not self._shown.get(model) or pool.autoscaler is not None:
+                self._show(model, pool)
             # the other pools' wake-ups did not move, and the timer is at or before them
-            self._arm(now, self.pools[model].next_wakeup())
+            self._arm(now, pool.next_wakeup())
         return commands
 
-    def _deliver(self, decision: Decision) -> None:
-        waiter = self._waiters.pop(decision.request_id, None)
-        if waiter is None:
-            self._early[decision.request_id] = decision
-        elif not waiter.done():
-            waiter.set_result(decision)
+    def _carry_out(self, now: float, command: Command) -> None:
+        """A command other than a request's decision."""
+        if isinstance(command, Probe):
+            if self._tasks is not None:
+                self._tasks.create_task(self._probe(command.model, command.replica))
+        elif isinstance(command, Ejected):
+            r = command.record
+            enforced = "true" if r.enforced else "false"
+            self.metrics.ejections.labels(r.model, r.cause.value, enforced).inc()
+            self.timeline.ejected(now, r)
+        elif isinstance(command, Scale):
+            if self.scaling is not None:
+                self.scaling.carry_out(now, command)
+            self.timeline.scaled(now, command)
 
-    def _show(self, model: str) -> None:
-        """Show the pool's view if it changed (the export skips the one shown last)."""
-        pool = self.pools[model]
+    def _show(self, model: str, pool: PoolController) -> None:
+        """Show the pool's view (and its held requests) where they changed."""
+        self._shown[model] = pool.view
         self.views.export(model, pool.view)
         if pool.autoscaler is not None and self.scaling is not None:
             held = pool.held
