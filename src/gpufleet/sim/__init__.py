@@ -28,7 +28,7 @@ from gpufleet.sim._harness import (
     RoundRobin,
     Routing,
 )
-from gpufleet.sim._kernel import NORMAL, URGENT, Event, Kernel, KernelClock, Part, ScheduledEvent
+from gpufleet.sim._kernel import NORMAL, URGENT, Event, Kernel, Part, ScheduledEvent
 from gpufleet.sim._plots import write_plots
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import Recorder, RequestLog, RequestRecord
@@ -65,7 +65,6 @@ __all__ = [
     "FleetSimulation",
     "Gate",
     "Kernel",
-    "KernelClock",
     "LogHistogram",
     "MtbfFault",
     "Part",
