@@ -39,6 +39,7 @@ from gpufleet.sim._synth import DEFAULT_SPIKES, DiurnalCurve, Spike, synth_reque
 from gpufleet.sim._traces import (
     PREFIX_BLOCK_TOKENS,
     PREFIX_HASH_TOKENS,
+    SAMPLE_TRACE,
     TraceFormat,
     TraceReader,
     TraceRequest,
@@ -51,6 +52,7 @@ __all__ = [
     "NORMAL",
     "PREFIX_BLOCK_TOKENS",
     "PREFIX_HASH_TOKENS",
+    "SAMPLE_TRACE",
     "URGENT",
     "ArrivalProcess",
     "BlackoutFault",
