@@ -170,3 +170,15 @@ def test_simulate_flags_need_simulate() -> None:
     code, _, err = run("plan", "--simulate")
     assert code == 2
     assert "--simulate needs --out" in err
+
+
+def test_autoscale_adds_one_candidate_per_layout_charged_as_it_ran(tmp_path: Path) -> None:
+    report, _ = plan_simulate(
+        tmp_path, "o", "--gpu", "h100-sxm", "--autoscale", "--no-prune", "--no-plots"
+    )
+    scaled = [r for r in report["candidates"] if r["autoscale"]]
+    assert len(scaled) == 1
+    row = scaled[0]
+    assert row["name"].startswith("h100-sxm TP1 autoscale 2-")
+    assert row["status"] in ("met", "missed")
+    assert row["usd_per_hour"] >= 2 * 3.0  # its lower bound: min_replicas × TP × price

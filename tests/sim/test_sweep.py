@@ -60,8 +60,7 @@ def candidates(gpus: tuple[str, ...], counts: tuple[int, ...]) -> list[SweepCand
 
 SCENARIOS = {
     # name: (SLO, rows, rate)
-    "tight TTFT p99": (SLOTarget(ttft_p99_s=0.5, tpot_p50_s=0.03), 100, 20.0),
-    "TPOT p50 only": (SLOTarget(tpot_p50_s=0.025), 100, 20.0),
+    "TTFT p99 and TPOT p50": (SLOTarget(ttft_p99_s=0.5, tpot_p50_s=0.03), 100, 20.0),
     "attainment": (SLOTarget(ttft_s=0.3, tpot_s=0.04, attainment=0.95), 100, 15.0),
 }
 
@@ -100,7 +99,7 @@ def test_pruning_never_drops_the_cheapest_that_meets(tmp_path: Path, scenario: s
 
 
 def test_processes_find_the_same_pick(tmp_path: Path) -> None:
-    slo, rows, rate = SCENARIOS["tight TTFT p99"]
+    slo, rows, rate = SCENARIOS["TTFT p99 and TPOT p50"]
     _, here = sweep(tmp_path, slo, rows, rate, prune=True)
     _, there = sweep(tmp_path, slo, rows, rate, prune=True, jobs=2)
     a, b = cheapest_met(here), cheapest_met(there)
@@ -118,7 +117,7 @@ def test_without_an_slo_every_candidate_runs_to_the_end(tmp_path: Path) -> None:
     assert cheapest_met(results) is None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     values=st.lists(st.floats(0.0, 10.0, allow_nan=False), min_size=1, max_size=60),
     q=st.sampled_from([0.5, 0.9, 0.99]),
@@ -164,7 +163,7 @@ def _overall(records: list[RequestRecord], slo: SLOTarget) -> dict[str, object]:
 _RECORD = st.tuples(st.floats(0.001, 3.0), st.floats(0.001, 0.2), st.integers(1, 5), st.booleans())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     rows=st.lists(_RECORD, min_size=1, max_size=80),
     rejected=st.lists(st.booleans(), max_size=80),
