@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from gpufleet.catalog import get_gpu, get_model
 from gpufleet.cli import app
+from gpufleet.cli._plan_simulate import candidates_of
 from gpufleet.config import load_fleet, parse_fleet
+from gpufleet.planner import PlanRequest, plan
 
 runner = CliRunner()
 
@@ -182,3 +185,30 @@ def test_autoscale_adds_one_candidate_per_layout_charged_as_it_ran(tmp_path: Pat
     assert row["name"].startswith("h100-sxm TP1 autoscale 2-")
     assert row["status"] in ("met", "missed")
     assert row["usd_per_hour"] >= 2 * 3.0  # its lower bound: min_replicas × TP × price
+
+
+def test_layouts_the_model_rejects_are_candidates_up_to_the_planners_cost() -> None:
+    request = PlanRequest.model_validate(
+        {
+            "workload": {"rps": 5.5, "input_tokens": 1155, "output_tokens": 211,
+                         "input_p99_tokens": 4142, "output_p99_tokens": 601},
+            "slo": {"ttft_p99_ms": 500, "tpot_p50_ms": 25},
+        }
+    )  # fmt: skip
+    report = plan(
+        get_model("llama-3.1-8b"), [get_gpu("a100-40gb-pcie"), get_gpu("h100-sxm")], request
+    )
+    pcie = next(p for p in report.plans if p.gpu == "a100-40gb-pcie")
+    assert not any(c.meets_slo for c in pcie.candidates)  # the model rejects every layout
+    assert report.recommended == "h100-sxm"
+    recommended = report.plans[0]
+    assert recommended.cost is not None
+    options, planner_pick, _ = candidates_of(
+        report, request, {"models": [{"name": "x"}]}, autoscale=False
+    )
+    rejected = [o for o in options if o.gpu == "a100-40gb-pcie"]
+    assert rejected
+    assert all(not o.model_meets for o in rejected)
+    assert max(o.candidate.usd_per_hour for o in rejected) <= recommended.cost.per_hour_usd
+    assert {(o.tp, o.serving) for o in rejected} >= {(1, 1), (1, 2)}
+    assert planner_pick is not None

@@ -138,7 +138,11 @@ def plan(
     ] = None,
     fmt: Annotated[
         str | None,
-        typer.Option("--format", help="The trace's format (detected).", hidden=True),
+        typer.Option(
+            "--format",
+            help="The trace's format (detected): azure, mooncake, burstgpt, jsonl, recording.",
+            rich_help_panel="Checked by simulation",
+        ),
     ] = None,
     rate_scale: Annotated[
         float,

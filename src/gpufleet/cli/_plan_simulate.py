@@ -2,8 +2,13 @@
 cheapest that holds the SLO is the answer (docs/planner.md, "Checked by simulation").
 
     trace ──► workload (rate, lengths, peak) ──► plan() ──► candidates: every GPU type ×
-    every layout the planner found meeting the SLO × serving replicas 1 … its count + 1
+    every TP layout that fits × serving replicas 1 … the planner's count + 1 (where its
+    model meets the SLO), and every count costing no more than the planner's own pick
           ──► run_sweep (processes, cheapest first, exact early stops) ──► the pick
+
+Below the plain planner's pick's cost the search is exhaustive over the layouts that fit
+(the model's verdict aside): that pick is always simulated, so nothing dearer can win when
+it meets the SLO.
 
 A candidate is written with ``serving + redundancy`` replicas (N+1, as the planner sizes
 it) and simulated with ``serving``: the SLO must hold with the spares down. Costs are the
@@ -26,7 +31,7 @@ from rich.console import Console
 from gpufleet.catalog import get_gpu
 from gpufleet.cli._sweep_view import SweepBar, dump, result_row, status_text, sweep_table
 from gpufleet.config import FleetConfig, load_fleet, parse_fleet
-from gpufleet.planner import SLO, PlanReport, PlanRequest
+from gpufleet.planner import SLO, CandidateReport, GPUPlan, PlanReport, PlanRequest
 from gpufleet.sim import (
     SimOptions,
     SLOTarget,
@@ -126,6 +131,9 @@ class Option:
     autoscale: bool
     written: dict[str, Any]
     """The fleet file's content."""
+    model_meets: bool
+    """Whether the planner's model found the layout meeting the SLO (else it is here only
+    because it costs no more than the planner's pick)."""
 
 
 def template_of(path: Path) -> dict[str, Any]:
@@ -173,6 +181,32 @@ def _with(data: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
     return out
 
 
+def _counts(
+    layout: CandidateReport,
+    plan: GPUPlan,
+    request: PlanRequest,
+    price: float,
+    bound: float | None,
+) -> list[int]:
+    """Serving counts of one layout: 1 … the planner's count for the peak + 1 where its
+    model meets the SLO, and every count whose fleet (spares included) costs no more than
+    ``bound`` (the plain planner's pick), whatever the model says."""
+    fleet = request.fleet
+    counts: set[int] = set()
+    if layout.meets_slo and layout.requests_per_s_per_gpu is not None:
+        per_replica = layout.requests_per_s_per_gpu * layout.gpus
+        for_peak = math.ceil(request.workload.peak_rps / (per_replica * fleet.target_utilization))
+        if (plan.tp, plan.pp) == (layout.tp, layout.pp) and plan.replicas is not None:
+            for_peak = max(for_peak, plan.replicas.for_peak)
+        counts.update(range(1, for_peak + 2))
+    if bound is not None:
+        serving = 1
+        while (serving + fleet.redundancy) * layout.gpus * price <= bound + 1e-9:
+            counts.add(serving)
+            serving += 1
+    return sorted(counts)
+
+
 def candidates_of(
     report: PlanReport,
     request: PlanRequest,
@@ -182,74 +216,81 @@ def candidates_of(
 ) -> tuple[list[Option], str | None, list[str]]:
     """Every candidate, the plain planner's pick among them (None: it has none), and notes
     on the layouts left out."""
-    peak = request.workload.peak_rps
     fleet = request.fleet
     spares = fleet.redundancy
+    recommended = next((p for p in report.plans if p.gpu == report.recommended), None)
+    bound = (
+        None if recommended is None or recommended.cost is None else recommended.cost.per_hour_usd
+    )
     options: list[Option] = []
     notes: list[str] = []
     planner_pick = None
     for plan in report.plans:
         price = fleet.prices.get(plan.gpu, get_gpu(plan.gpu).price_per_hour_usd)
         for layout in plan.candidates:
-            label = f"{plan.gpu} TP{layout.tp}×PP{layout.pp}"
-            if not layout.fits or not layout.meets_slo or layout.requests_per_s_per_gpu is None:
+            if not layout.fits:
                 continue
             if layout.pp > 1:
-                notes.append(f"{label}: left out, the fleet file has no pipeline parallelism")
+                notes.append(
+                    f"{plan.gpu} TP{layout.tp}×PP{layout.pp}: left out, the fleet file has no "
+                    "pipeline parallelism"
+                )
                 continue
-            per_replica = layout.requests_per_s_per_gpu * layout.gpus
-            for_peak = math.ceil(peak / (per_replica * fleet.target_utilization))
-            chosen = plan.tp == layout.tp and plan.pp == layout.pp and plan.replicas is not None
-            if chosen and plan.replicas is not None:
-                for_peak = max(for_peak, plan.replicas.for_peak)
+            counts = _counts(layout, plan, request, price, bound)
             base = _fleet_data(template, report.model, plan.gpu, layout.tp, request)
-            for serving in range(1, for_peak + 2):
+            for serving in counts:
                 name = f"{plan.gpu} TP{layout.tp} {serving}+{spares}"
+                keep = (
+                    plan is recommended
+                    and (plan.tp, plan.pp) == (layout.tp, layout.pp)
+                    and plan.replicas is not None
+                    and serving == plan.replicas.for_peak
+                )
                 total = serving + spares
+                candidate = SweepCandidate(
+                    name,
+                    parse_fleet(_with(base, replicas=serving), source=name),
+                    round(total * layout.gpus * price, 4),
+                    keep=keep,
+                )
                 options.append(
                     Option(
-                        SweepCandidate(
-                            name,
-                            parse_fleet(_with(base, replicas=serving), source=name),
-                            round(total * layout.gpus * price, 4),
-                            keep=chosen
-                            and plan.gpu == report.recommended
-                            and plan.replicas is not None
-                            and serving == plan.replicas.for_peak,
-                        ),
+                        candidate,
                         plan.gpu,
                         layout.tp,
                         serving,
                         total,
                         autoscale=False,
                         written=_with(base, replicas=total),
+                        model_meets=layout.meets_slo,
                     )
                 )
-                if options[-1].candidate.keep:
+                if keep:
                     planner_pick = name
-            top = for_peak + 1 + spares
-            if autoscale and top >= 2:
-                scaled = _with(
-                    base, replicas=2, autoscale={"min_replicas": 2, "max_replicas": max(2, top)}
-                )
-                name = f"{plan.gpu} TP{layout.tp} autoscale 2-{max(2, top)}"
-                options.append(
-                    Option(
-                        SweepCandidate(
-                            name,
-                            parse_fleet(scaled, source=name),
-                            round(2 * layout.gpus * price, 4),
-                            exact=False,
-                        ),
-                        plan.gpu,
-                        layout.tp,
-                        2,
-                        2,
-                        autoscale=True,
-                        written=scaled,
-                    )
-                )
+            top = max(counts, default=0) + spares
+            if autoscale and layout.meets_slo and top >= 2:
+                options.append(_autoscaled(plan.gpu, layout, base, top, price))
     return options, planner_pick, notes
+
+
+def _autoscaled(
+    gpu: str, layout: CandidateReport, base: Mapping[str, Any], top: int, price: float
+) -> Option:
+    """One layout autoscaled from 2 (N+1) to ``top`` replicas; ordered by its floor's cost."""
+    scaled = _with(base, replicas=2, autoscale={"min_replicas": 2, "max_replicas": top})
+    name = f"{gpu} TP{layout.tp} autoscale 2-{top}"
+    return Option(
+        SweepCandidate(
+            name, parse_fleet(scaled, source=name), round(2 * layout.gpus * price, 4), exact=False
+        ),
+        gpu,
+        layout.tp,
+        2,
+        2,
+        autoscale=True,
+        written=scaled,
+        model_meets=True,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +415,7 @@ def simulate_plan(
                     "serving": o.serving,
                     "replicas": o.replicas,
                     "autoscale": o.autoscale,
+                    "model_meets_slo": o.model_meets,
                     **result_row(r),
                 }
                 for o, r in zip(options, results, strict=True)
