@@ -31,14 +31,24 @@ from gpufleet.sim import FleetSimulation, SimOptions, TraceRequest
 POOL = "llama-3.1-8b"
 
 
-def controller(replicas: int = 3, **gateway: object) -> FleetController:
-    fleet = parse_fleet(
-        {
-            "models": [{"name": POOL, "replicas": replicas, "routing": "least_request"}],
-            "gateway": gateway,
-        }
+def controller(
+    replicas: int = 3, health: dict[str, object] | None = None, **gateway: object
+) -> FleetController:
+    model: dict[str, object] = {"name": POOL, "replicas": replicas, "routing": "least_request"}
+    if health is not None:
+        model["health"] = health
+    return FleetController.of(parse_fleet({"models": [model], "gateway": gateway}))
+
+
+def seen(*replicas: tuple[int, ReplicaState, str | None]) -> Replicas:
+    """The runtime's list: (index, state, incarnation) per replica."""
+    return Replicas(
+        POOL, tuple(ReplicaSeen(ReplicaId(f"{POOL}-{i}"), s, n) for i, s, n in replicas)
     )
-    return FleetController.of(fleet)
+
+
+def routed(out: list[object]) -> list[tuple[str, str, bool]]:
+    return [(c.request_id, c.replica, c.retry) for c in out if isinstance(c, Route)]
 
 
 def up(control: FleetController, now: float, n: int, incarnation: str = "a") -> list[object]:
@@ -82,6 +92,71 @@ def test_a_failure_before_the_first_byte_is_retried_on_the_next_candidate() -> N
     control.handle(1.2, Finished(POOL, "r0"))
     assert pool.in_flight == pool.active_retries == 0
     assert pool.attempts == {}
+
+
+def test_a_replica_the_runtime_saw_healthy_is_routable_from_the_first_request() -> None:
+    # no probe answered yet: the runtime's READY (its own /health check) is the first pass
+    control = controller()
+    out = control.handle(0.0, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.READY, "b")))
+    assert {c.replica for c in out if isinstance(c, Probe)} == {f"{POOL}-0", f"{POOL}-1"}
+    assert len(control.pools[POOL].routable()) == 2
+    (route,) = arrive(control, 0.0, 0)
+    assert isinstance(route, Route)
+
+
+def test_a_replica_becomes_routable_when_the_runtime_reports_it_ready() -> None:
+    control = controller()
+    control.handle(0.0, seen((0, ReplicaState.STARTING, "a")))
+    assert control.pools[POOL].routable() == ()
+    control.handle(2.0, seen((0, ReplicaState.READY, "a")))
+    assert len(control.pools[POOL].routable()) == 1
+
+
+def test_a_restart_starts_the_checks_over_and_a_repeated_ready_is_no_new_pass() -> None:
+    control = controller(health={"active": {"healthy_threshold": 3, "unhealthy_threshold": 1}})
+    pool = control.pools[POOL]
+    control.handle(0.0, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.READY, "b")))
+    control.handle(1.0, ProbeAnswered(POOL, ReplicaId(f"{POOL}-0"), False))
+    assert [r.id for r in pool.routable()] == [f"{POOL}-1"]  # failing its checks
+    # the runtime says READY again (level-triggered, same process): not a new check
+    control.handle(1.5, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.READY, "b")))
+    assert [r.id for r in pool.routable()] == [f"{POOL}-1"]
+    # a new process: starting (not routable), then READY, its first pass, is enough:
+    # the old process's failed checks (3 passes to come back) are forgotten
+    control.handle(2.0, seen((0, ReplicaState.STARTING, "a2"), (1, ReplicaState.READY, "b")))
+    assert [r.id for r in pool.routable()] == [f"{POOL}-1"]
+    control.handle(3.0, seen((0, ReplicaState.READY, "a2"), (1, ReplicaState.READY, "b")))
+    assert len(pool.routable()) == 2
+
+
+def test_a_request_waits_for_a_starting_replica_instead_of_a_503() -> None:
+    control = controller(autoscaler={"hold_timeout": 5.0})
+    pool = control.pools[POOL]
+    control.handle(0.0, seen((0, ReplicaState.STARTING, "a"), (1, ReplicaState.STARTING, None)))
+    assert arrive(control, 0.1, 0) == []  # held, not refused
+    assert pool.held == 1
+    out = control.handle(0.4, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.STARTING, None)))
+    assert routed(out) == [("r0", f"{POOL}-0", False)]
+    assert pool.held == 0
+    assert pool.counters.hold_served == 1
+
+
+def test_a_request_held_for_a_starting_replica_times_out() -> None:
+    control = controller(autoscaler={"hold_timeout": 5.0})
+    control.handle(0.0, seen((0, ReplicaState.STARTING, "a")))
+    arrive(control, 1.0, 0)
+    assert control.next_wakeup() == 6.0
+    assert control.handle(6.0, Tick()) == [Reject("r0", RejectReason.HOLD_TIMEOUT)]
+    assert control.pools[POOL].in_flight == 0
+
+
+def test_a_pool_with_nothing_starting_refuses_at_once() -> None:
+    control = controller(autoscaler={"hold_timeout": 5.0})
+    control.handle(0.0, seen((0, ReplicaState.DRAINING, "a")))
+    assert arrive(control, 1.0, 0) == [Reject("r0", RejectReason.NO_REPLICA)]
+    held = controller(autoscaler={"hold_requests": 0})  # holding off
+    held.handle(0.0, seen((0, ReplicaState.STARTING, "a")))
+    assert arrive(held, 1.0, 0) == [Reject("r0", RejectReason.NO_REPLICA)]
 
 
 def test_a_broken_stream_is_not_retried() -> None:

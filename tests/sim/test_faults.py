@@ -72,13 +72,31 @@ def test_requests_lost_before_their_first_token_are_retried_elsewhere() -> None:
     assert all(r.replica == 1 for r in served_after)
 
 
-def test_a_pool_with_every_replica_down_answers_errors_not_hangs() -> None:
+def test_a_pool_with_every_replica_down_holds_requests_until_it_is_back() -> None:
     sim = run(fleet(1), "crash:replica=llama-3.1-8b-0,at=3,startup_s=10", n=200)
-    report = sim.report({})
-    assert report["faults"]["no_replica"] > 0
+    faults = sim.report({})["faults"]
+    assert faults["no_replica"] == faults["hold_timeouts"] == 0
+    assert faults["held"] > 50
+    log = sim.harness.recorder.log
+    assert not [r for r in log if r.failed and r.replica == -1]  # none refused
+    held = [r for r in log if 3.5 <= r.arrival_s < 13.0]
+    assert held
+    assert all(r.first_token_s is not None and r.first_token_s >= 13.0 for r in held)
+
+
+def test_a_pool_down_past_the_hold_timeout_answers_errors_not_hangs() -> None:
+    config = parse_fleet(
+        {
+            "models": [{"name": "llama-3.1-8b", "replicas": 1}],
+            "gateway": {"autoscaler": {"hold_timeout": 2.0}},
+        }
+    )
+    sim = run(config, "crash:replica=llama-3.1-8b-0,at=3,startup_s=10", n=200)
+    faults = sim.report({})["faults"]
+    assert faults["hold_timeouts"] > 0
     errors = [r for r in sim.harness.recorder.log if r.failed and r.replica == -1]
-    assert errors
-    assert all(3.0 <= r.arrival_s <= 13.0 + 1.0 for r in errors)
+    assert len(errors) == faults["hold_timeouts"]
+    assert all(3.0 <= r.arrival_s <= 13.0 - 2.0 for r in errors)
 
 
 def test_slow_replica_is_slower_only_while_slow() -> None:

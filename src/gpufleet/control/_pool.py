@@ -288,10 +288,20 @@ class PoolController:
         replicas = event.replicas
         old = self._seen
         fresh = {r.id: r for r in replicas}
+        checked: list[ReplicaId] = []
         for r in replicas:
             was = old.get(r.id)
-            if r.incarnation is not None and (was is None or was.incarnation != r.incarnation):
+            new_process = r.incarnation is not None and (
+                was is None or was.incarnation != r.incarnation
+            )
+            if new_process:
                 self._restarted.add(r.id)  # a new process: its checks start over
+            if (
+                r.state is ReplicaState.READY
+                and r.incarnation is not None
+                and (was is None or new_process or was.state is not ReplicaState.READY)
+            ):
+                checked.append(r.id)  # the runtime just saw this process answer /health
         for gone in old.keys() - fresh.keys():
             self._loads.pop(gone, None)
             self._views.pop(gone, None)
@@ -302,7 +312,12 @@ class PoolController:
         )
         restarted = bool(self._restarted)
         self._decide_health(now, out)
-        if restarted:
+        for replica in checked:
+            # the runtime reports READY only after its own health check passed: that is the
+            # process's first passing check (the reset above came first), so a replica the
+            # runtime has seen healthy is routable at once; active checks go on from here
+            self.health.on_event(now, ProbeResult(replica, True))
+        if restarted or checked:
             self._decide_health(now, out)  # the new process's first probe, at once
 
     def _runtime_state(self, seen: ReplicaSeen) -> ReplicaState:
@@ -404,7 +419,7 @@ class PoolController:
             r for r in islice(chain.from_iterable(ranking.tiers), self._tries) if r in reachable
         ]
         if not candidates:
-            if not ranking.tiers and self.settings.holds:
+            if not ranking.tiers and self.settings.hold_requests > 0 and self._coming():
                 self._hold(now, req, out)
                 return
             self.counters.no_replica += 1
@@ -420,6 +435,18 @@ class PoolController:
         self._start(now, req, replica, retry=False)
         rid = req.request.request_id
         out.append(Route(rid, replica, False, ranking.policy, ranking.panic, matched, held))
+
+    def _coming(self) -> bool:
+        """Whether a routable replica may be on its way: the pool is autoscaled (it scales
+        from zero), or one of its replicas is starting (a process being launched or
+        restarted, or up and not yet checked). Only then does a request wait for one."""
+        if self.settings.holds:
+            return True
+        seen = self._seen
+        return any(
+            view.state is ReplicaState.STARTING and seen[view.id].state not in _LEAVING
+            for view in self.view.replicas()
+        )
 
     def _start(self, now: float, req: _Request, replica: ReplicaId, *, retry: bool) -> None:
         req.phase, req.replica, req.retry = _ROUTED, replica, retry

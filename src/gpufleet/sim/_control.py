@@ -246,7 +246,7 @@ class SimControl:
         """A replica of ``model`` starts (a cold start): listed as starting, no process."""
         replica = self._new(model, ReplicaState.STARTING, incarnation=None)
         self.replicas.starting[model].append(replica)
-        self._tell(now, self.replicas.seen(model))
+        self._report(now, self.replicas.seen(model))
         return replica.id
 
     def promoting(self, now: float, model: str, replica: ReplicaId) -> None:
@@ -254,7 +254,7 @@ class SimControl:
         entry = SimReplica(replica, model, ReplicaState.STARTING, incarnation=None)
         self.replicas.by_id[replica] = entry
         self.replicas.starting[model].append(entry)
-        self._tell(now, self.replicas.seen(model))
+        self._report(now, self.replicas.seen(model))
 
     def next_name(self, model: str) -> ReplicaId:
         """The name the next replica of ``model`` gets (standbys are named too)."""
@@ -268,7 +268,7 @@ class SimControl:
         if entry is not None and entry in self.replicas.starting[entry.model]:
             self.replicas.starting[entry.model].remove(entry)
             entry.state = ReplicaState.STOPPED
-            self._tell(now, self.replicas.seen(entry.model))
+            self._report(now, self.replicas.seen(entry.model))
 
     def add_replica(self, now: float, model: str, replica: ReplicaId) -> int:
         """``replica`` of ``model`` is up, as the harness's next driver (its index is
@@ -281,7 +281,7 @@ class SimControl:
             self.replicas.starting[model].remove(entry)
         entry.state, entry.incarnation, entry.last_end = ReplicaState.READY, 0, now
         k = self._join(model, entry)
-        self._tell(now, self.replicas.seen(model))
+        self._report(now, self.replicas.seen(model))
         return k
 
     def drain_replica(self, now: float, replica: int) -> None:
@@ -289,7 +289,7 @@ class SimControl:
         entry = self.replicas.by_driver[replica]
         if entry.state is not ReplicaState.STOPPED:
             entry.state = ReplicaState.DRAINING
-            self._tell(now, self.replicas.seen(entry.model))
+            self._report(now, self.replicas.seen(entry.model))
 
     def remove_replica(self, now: float, replica: int) -> None:
         """``replica`` is gone (drained): out of the pool."""
@@ -298,7 +298,7 @@ class SimControl:
             return
         entry.state = ReplicaState.STOPPED
         self.replicas.pools[entry.model].remove(entry)
-        self._tell(now, self.replicas.seen(entry.model))
+        self._report(now, self.replicas.seen(entry.model))
 
     def replica_down(self, now: float, replica: int) -> None:
         """The runtime saw ``replica`` die: no process until :meth:`replica_up`."""
@@ -306,7 +306,7 @@ class SimControl:
         entry.incarnation = None
         if entry.state is not ReplicaState.DRAINING and entry.state is not ReplicaState.STOPPED:
             entry.state = ReplicaState.STARTING
-        self._tell(now, self.replicas.seen(entry.model))
+        self._report(now, self.replicas.seen(entry.model))
 
     def replica_up(self, now: float, replica: int) -> None:
         """``replica`` restarted: a new process, whose checks start over."""
@@ -315,10 +315,10 @@ class SimControl:
         if entry.state is ReplicaState.DRAINING or entry.state is ReplicaState.STOPPED:
             return
         entry.state, entry.incarnation = ReplicaState.READY, entry.restarts
-        self._tell(now, self.replicas.seen(entry.model))
+        self._report(now, self.replicas.seen(entry.model))
 
     def standbys(self, now: float, model: str, standbys: tuple[Standby, ...]) -> None:
-        self._tell(now, Standbys(model, standbys))
+        self._report(now, Standbys(model, standbys))
 
     # -- start ----------------------------------------------------------------------------
 
@@ -332,7 +332,7 @@ class SimControl:
         if any(p.settings.scraped for p in self.control.pools.values()):
             harness.every(self.scrape_interval, self.scrape)
         for model in self.control.pools:
-            self._tell(now, self.replicas.seen(model))
+            self._report(now, self.replicas.seen(model))
 
     def scrape(self, now: float) -> None:
         """One scrape round: every scraped replica's metrics as of ``now`` (one that is
@@ -353,10 +353,20 @@ class SimControl:
                 loads.append(
                     ScrapedLoad(replica, stats.num_running, stats.num_waiting, stats.kv_cache_usage)
                 )
-            self._tell(now, Scraped(model, tuple(loads)))
+            self._report(now, Scraped(model, tuple(loads)))
         self.scrapes += 1
 
     # -- the controller -------------------------------------------------------------------
+
+    def _report(self, now: float, event: ControlEvent) -> None:
+        """Hand the controller what the runtime or a scrape saw, where no caller takes events
+        back: what its commands start (a held request routed to a replica that just became
+        routable) is scheduled here."""
+        events = self._tell(now, event)
+        if events:
+            harness = self._harness
+            assert harness is not None
+            harness.kernel.schedule_all(events)
 
     def _tell(self, now: float, event: ControlEvent) -> list[ScheduledEvent]:
         """Hand ``event`` to the controller and carry out what it says."""
