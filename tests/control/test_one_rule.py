@@ -212,7 +212,7 @@ async def run_live(config: FleetConfig) -> list[dict[str, Any]]:
                     ended.add(i)
                     live.finished(POOL, str(i), Outcome.SUCCESS)
                 case Lost(i=i, started=started) if in_attempt(i):
-                    decision = live.failed(POOL, str(i), Outcome.REPLICA_ERROR, streamed=started)
+                    decision = live.failed(POOL, str(i), Outcome.CONNECT_FAILURE, streamed=started)
                     decisions[i] = _done(decision)
                 case Down(replica=k):
                     world.down.add(k)

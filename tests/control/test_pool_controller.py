@@ -10,6 +10,7 @@ from gpufleet.control import (
     Arrived,
     AttemptFailed,
     ClientGone,
+    Ejected,
     Finished,
     FleetController,
     Probe,
@@ -82,7 +83,7 @@ def test_a_failure_before_the_first_byte_is_retried_on_the_next_candidate() -> N
     up(control, 0.0, 3)
     (first,) = arrive(control, 1.0, 0)
     assert isinstance(first, Route)
-    out = control.handle(1.1, AttemptFailed(POOL, "r0", Outcome.CONNECT_FAILURE))
+    out = control.handle(1.1, AttemptFailed(POOL, "r0", Outcome.TIMEOUT))
     retry = next(c for c in out if isinstance(c, Route))
     assert retry.retry
     assert retry.replica != first.replica
@@ -157,6 +158,83 @@ def test_a_pool_with_nothing_starting_refuses_at_once() -> None:
     held = controller(autoscaler={"hold_requests": 0})  # holding off
     held.handle(0.0, seen((0, ReplicaState.STARTING, "a")))
     assert arrive(held, 1.0, 0) == [Reject("r0", RejectReason.NO_REPLICA)]
+
+
+def test_a_gone_replica_is_retried_without_drawing_on_the_budget() -> None:
+    # a budget that allows no retry at all: only free retries can happen
+    control = controller(2, retry={"budget_percent": 0.0, "min_retry_concurrency": 0})
+    pool = control.pools[POOL]
+    up(control, 0.0, 2)
+    first = {c.request_id: c.replica for i in range(8) for c in arrive(control, 1.0, i)}
+    dead = ReplicaId(f"{POOL}-0")
+    on_dead = sorted(r for r, replica in first.items() if replica == dead)
+    assert len(on_dead) == 4
+    for rid in on_dead:  # killed under four requests: refused or reset before a byte
+        out = control.handle(1.1, AttemptFailed(POOL, rid, Outcome.CONNECT_FAILURE))
+        assert routed(out) == [(rid, f"{POOL}-1", True)]
+    assert pool.counters.free_retries == 4
+    assert pool.counters.retries_refused == 0
+    assert pool.active_retries == 0  # the budget's count did not move
+    # a slow replica (a timeout) or a 5xx from one in service still draws on the budget
+    rid = next(r for r, replica in first.items() if replica != dead)
+    out = control.handle(1.2, AttemptFailed(POOL, rid, Outcome.TIMEOUT))
+    assert out == [Reject(rid, RejectReason.EXHAUSTED, budget=True)]
+
+
+def test_a_failure_on_a_replica_known_dead_or_ejected_is_free() -> None:
+    control = controller(
+        3,
+        health={"outlier": {"consecutive_5xx": 1, "max_ejection_percent": 50}},
+        retry={"budget_percent": 0.0, "min_retry_concurrency": 0},
+    )
+    pool = control.pools[POOL]
+    up(control, 0.0, 3)
+    first = {c.request_id: c.replica for i in range(6) for c in arrive(control, 1.0, i)}
+    a, b = (sorted(r for r, x in first.items() if x == f"{POOL}-{k}") for k in (0, 1))
+    # replica 0's process is gone (the runtime says so): a timeout there is free
+    others = ((k, ReplicaState.READY, "a") for k in (1, 2))
+    control.handle(1.1, seen((0, ReplicaState.FAILED, None), *others))
+    out = control.handle(1.2, AttemptFailed(POOL, a[0], Outcome.TIMEOUT))
+    ((rid, replica, retry),) = routed(out)
+    assert (rid, retry) == (a[0], True)
+    assert replica != f"{POOL}-0"
+    assert pool.counters.free_retries == 1
+    # replica 1 answers a 5xx: a retry from the budget (refused: none), and health ejects it
+    out = control.handle(1.3, AttemptFailed(POOL, b[0], Outcome.REPLICA_ERROR))
+    assert Reject(b[0], RejectReason.EXHAUSTED, budget=True) in out
+    assert any(isinstance(c, Ejected) and c.record.enforced for c in out)
+    # the next 5xx from the ejected replica is free
+    out = control.handle(1.4, AttemptFailed(POOL, b[1], Outcome.REPLICA_ERROR))
+    assert [(r, retry) for r, _, retry in routed(out)] == [(b[1], True)]
+    assert pool.counters.free_retries == 2
+    assert pool.counters.retries_refused == 1
+
+
+def test_free_retries_try_each_replica_once_within_max_retries() -> None:
+    for max_retries, attempts in ((5, 3), (1, 2)):
+        control = controller(3, retry={"max_retries": max_retries})
+        up(control, 0.0, 3)
+        (route,) = arrive(control, 1.0, 0)
+        assert isinstance(route, Route)
+        tried = [route.replica]
+        out: list[object] = []
+        while True:
+            out = control.handle(1.1, AttemptFailed(POOL, "r0", Outcome.CONNECT_FAILURE))
+            if not routed(out):
+                break
+            tried += [replica for _, replica, _ in routed(out)]
+        assert len(tried) == len(set(tried)) == attempts
+        assert out == [Reject("r0", RejectReason.EXHAUSTED)]
+
+
+def test_a_retry_finds_a_replica_that_became_routable_after_the_request_was_ranked() -> None:
+    control = controller(2, retry={"budget_percent": 0.0, "min_retry_concurrency": 0})
+    control.handle(0.0, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.STARTING, "b")))
+    (route,) = arrive(control, 1.0, 0)  # ranked over replica 0 alone
+    assert isinstance(route, Route)
+    control.handle(1.5, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.READY, "b")))
+    out = control.handle(2.0, AttemptFailed(POOL, "r0", Outcome.CONNECT_FAILURE))
+    assert routed(out) == [("r0", f"{POOL}-1", True)]
 
 
 def test_a_broken_stream_is_not_retried() -> None:

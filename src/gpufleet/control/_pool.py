@@ -19,9 +19,11 @@ A request's life (conserved: every ``Arrived`` ends in exactly one final command
     Arrived ─► admission ─┬─ starts now ─────────────────┐
                           └─ queued ─► admitted (pump) ───┤        (or Reject: shed, expired)
                                                           ▼
-               rank ─► Route(first candidate) ◄─── held while the pool has no replica
-                          │                          (autoscaled pools; Reject on timeout)
-           AttemptFailed ─┼─► Route(next candidate, retry)  within max_retries and budget
+               rank ─► Route(first candidate) ◄─── held while the pool has no routable
+                          │                          replica but one is on its way (starting,
+                          │                          or an autoscaled pool; Reject on timeout)
+           AttemptFailed ─┼─► Route(next candidate, retry)  within max_retries; from the
+                          │                          retry budget unless the replica is gone
                           └─► Reject(exhausted | broken)
            Finished ──────► leaves: admission pumps the queue
 """
@@ -85,6 +87,10 @@ ANONYMOUS: Final = "anonymous"
 """The tenant of a request that names none."""
 _LEAVING: Final = frozenset({ReplicaState.DRAINING, ReplicaState.STOPPED})
 """Runtime states of a replica that takes no new attempt (a retry included)."""
+_DEAD: Final = frozenset({ReplicaState.FAILED, ReplicaState.STOPPED})
+"""Runtime states of a replica whose process is gone (crashed, or stopped)."""
+_OUT: Final = frozenset({ReplicaState.EJECTED, ReplicaState.FAILED})
+"""Routing states of a replica health has taken out (ejected, or failing its checks)."""
 _QUEUED, _HELD, _ROUTED = 0, 1, 2
 
 
@@ -92,7 +98,16 @@ class _Request:
     """A request the pool knows, from its arrival until it leaves (a plain class: one is
     made per request, on the hot path)."""
 
-    __slots__ = ("candidates", "hold_until", "phase", "replica", "request", "retry", "ticket")
+    __slots__ = (
+        "candidates",
+        "hold_until",
+        "phase",
+        "replica",
+        "request",
+        "retry",
+        "ticket",
+        "tried",
+    )
 
     def __init__(self, request: RouteRequest, ticket: Ticket | None) -> None:
         self.request = request
@@ -102,8 +117,10 @@ class _Request:
         self.candidates: list[ReplicaId] = []
         """Where a retry may go next, best first."""
         self.retry = False
-        """Its attempt in flight is a retry (counted in ``active_retries``)."""
+        """Its attempt in flight is a retry drawn from the budget (in ``active_retries``)."""
         self.hold_until = 0.0
+        self.tried: list[ReplicaId] | None = None
+        """The replicas whose attempts failed (made at the first failure)."""
 
 
 @dataclass(slots=True)
@@ -116,6 +133,8 @@ class PoolCounters:
     matched_blocks: int = 0
     """Prefix blocks the router believed cached on the replicas it picked."""
     retries: int = 0
+    free_retries: int = 0
+    """Retries of an attempt whose replica was gone (not drawn from the budget)."""
     retries_refused: int = 0
     rejected: int = 0
     no_replica: int = 0
@@ -157,6 +176,7 @@ class PoolController:
         self.in_flight = 0
         """Requests admitted and not yet ended (held ones too): the retry budget's base."""
         self.active_retries = 0
+        """Retries in flight drawn from the budget (a gone replica's retries are not)."""
         self.attempts: dict[ReplicaId, int] = {}
         """Attempts in flight per replica: the autoscaler's in-flight count."""
         self.standbys: tuple[Standby, ...] = ()
@@ -476,38 +496,91 @@ class PoolController:
     def _failed(
         self, now: float, req: _Request, outcome: Outcome, streamed: bool, out: list[Command]
     ) -> None:
-        """An attempt failed: retry on the next candidate (before the first byte, within
-        the retry budget), else the request ends in an error. Health decides after."""
+        """An attempt failed: retry on the next candidate (before the first byte), else the
+        request ends in an error. Health decides after."""
+        replica = req.replica
         decide = self._end_attempt(now, req, outcome)
         if streamed:
             self.counters.broken += 1
             self._finish(req, RejectReason.BROKEN, out)
         else:
-            self._retry(now, req, out)
+            self._retry(now, req, replica, outcome, out)
         if decide:
             self._decide_health(now, out)
 
-    def _retry(self, now: float, req: _Request, out: list[Command]) -> None:
+    def _replica_gone(self, replica: ReplicaId, outcome: Outcome) -> bool:
+        """Whether ``replica`` failed because it is gone rather than overloaded: the
+        connection was refused or reset before an answer (``CONNECT_FAILURE``), the runtime
+        says its process is gone, or health has taken it out. Retrying such a failure adds
+        no load to a struggling replica, so it does not draw on the retry budget; a timeout
+        or a 5xx from a replica still in service does (docs/design/retries.md)."""
+        if outcome is Outcome.CONNECT_FAILURE:
+            return True
+        seen = self._seen.get(replica)
+        if seen is None or seen.incarnation is None or seen.state in _DEAD:
+            return True
+        view = self._views.get(replica)
+        return view is not None and view.state in _OUT
+
+    def _retry(
+        self,
+        now: float,
+        req: _Request,
+        failed: ReplicaId | None,
+        outcome: Outcome,
+        out: list[Command],
+    ) -> None:
+        """Send the request to a replica it has not tried, if it has retries left (at most
+        ``max_retries``). A retry after a gone replica's failure is free; any other draws on
+        the retry budget, and is refused when the budget is spent (docs/design/retries.md)."""
+        assert failed is not None
+        tried = req.tried
+        if tried is None:
+            tried = req.tried = [failed]
+        else:
+            tried.append(failed)
+        replica = self._next_candidate(now, req, tried)
+        if replica is None:
+            self.counters.no_replica += 1
+            self._finish(req, RejectReason.EXHAUSTED, out)
+            return
+        free = self._replica_gone(failed, outcome)
         retry = self.settings.retry
+        if not free and not retry_allowed(
+            self.active_retries,
+            self.in_flight,
+            budget_percent=retry.budget_percent,
+            min_retry_concurrency=retry.min_retry_concurrency,
+        ):
+            self.counters.retries_refused += 1
+            self._finish(req, RejectReason.EXHAUSTED, out, budget=True)
+            return
+        self.counters.retries += 1
+        if free:
+            self.counters.free_retries += 1
+        self._start(now, req, replica, retry=not free)
+        out.append(Route(req.request.request_id, replica, True, "", False, 0))
+
+    def _next_candidate(
+        self, now: float, req: _Request, tried: list[ReplicaId]
+    ) -> ReplicaId | None:
+        """The next reachable candidate of the request's ranking; when those are used up
+        (the ranking was made while fewer replicas were routable), the best reachable
+        replica of a new ranking that it has not tried. ``None``: none, or no retry left
+        (``1 + max_retries`` attempts in all, each on another replica)."""
+        reachable = self._reachable
         while req.candidates:
             replica = req.candidates.pop(0)
-            if replica not in self._reachable:
-                continue
-            if not retry_allowed(
-                self.active_retries,
-                self.in_flight,
-                budget_percent=retry.budget_percent,
-                min_retry_concurrency=retry.min_retry_concurrency,
-            ):
-                self.counters.retries_refused += 1
-                self._finish(req, RejectReason.EXHAUSTED, out, budget=True)
-                return
-            self.counters.retries += 1
-            self._start(now, req, replica, retry=True)
-            out.append(Route(req.request.request_id, replica, True, "", False, 0))
-            return
-        self.counters.no_replica += 1
-        self._finish(req, RejectReason.EXHAUSTED, out)
+            if replica in reachable:
+                return replica
+        if len(tried) >= self._tries:
+            return None
+        ranking = self.router.rank(now, req.request, self.view)
+        self.counters.routed += 1
+        for replica in chain.from_iterable(ranking.tiers):
+            if replica in reachable and replica not in tried:
+                return replica
+        return None
 
     def _hold(self, now: float, req: _Request, out: list[Command]) -> None:
         settings = self.settings

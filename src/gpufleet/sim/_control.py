@@ -501,8 +501,10 @@ class SimControl:
             harness.kernel.schedule(now, URGENT, Dispatch(self, commands))
 
     def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
-        """Request ``index`` was lost in a crash of ``replica`` (a shared event)."""
+        """Request ``index`` was lost in a crash of ``replica`` (a shared event): as live,
+        its connection was reset (``CONNECT_FAILURE``: a gone replica, retried without the
+        retry budget when it had no token yet)."""
         model = self.replicas.by_driver[replica].model
         return self._tell(
-            now, AttemptFailed(model, str(index), Outcome.REPLICA_ERROR, streamed=started)
+            now, AttemptFailed(model, str(index), Outcome.CONNECT_FAILURE, streamed=started)
         )

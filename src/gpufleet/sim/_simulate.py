@@ -554,6 +554,7 @@ def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
         "no_replica": sum(c.no_replica for c in counters),
         "retries": sum(c.retries for c in counters),
         "retries_refused": sum(c.retries_refused for c in counters),
+        "free_retries": sum(c.free_retries for c in counters),
         "held": sum(c.held for c in counters),
         "hold_timeouts": sum(c.hold_timeouts for c in counters),
         "ejections": {
