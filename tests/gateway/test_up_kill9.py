@@ -179,6 +179,7 @@ def test_kill_9_of_a_replica_under_load_fails_no_request(tmp_path: Path) -> None
         done.set()
         stop(process)
     assert not failed, f"{sum(failed.values())} of {served} requests failed: {dict(failed)}"
+    print(f"{served} requests over {KILLS} kills, none failed")
     assert served > 100 * KILLS / 10
     retried = [
         line
