@@ -322,6 +322,28 @@ class AutoscalerConfig(_Strict):
     A cold start takes ``startup.provision`` + the engine's load: set this above it."""
 
 
+class BatchConfig(_Strict):
+    """The Batch API (``/v1/files``, ``/v1/batches``) and the runner that feeds batch lines
+    through the gateway's own request path (docs/batch.md)."""
+
+    enabled: bool = True
+    """Serve the routes and run the runner. They need a store: with auth on the tenants'
+    one; with auth off ``gpufleet up`` opens the same database (``tenants.database_url``,
+    ``$GPUFLEET_DB_URL`` or SQLite in ``$GPUFLEET_HOME``) for them."""
+    lines_in_flight: int = Field(32, ge=1)
+    """Lines of one batch this gateway runs at once (each an in-process request in the
+    ``batch`` admission class)."""
+    lease: float = Field(30.0, gt=0.0)
+    """Seconds a claimed line stays this gateway's without a renewal (renewed every third
+    of it while it runs): a gateway killed mid-line gives its lines back this long after."""
+    poll_interval: float = Field(1.0, gt=0.0)
+    """Seconds between two looks for batches to run (new, cancelled, expired, or lines
+    another gateway gave back); a batch created through this gateway starts at once."""
+    max_backoff: float = Field(30.0, gt=0.0)
+    """Longest wait before a line refused for now (429 quota, 503 no room) is tried again;
+    the waits double from ``Retry-After`` (or 0.5 s) up to it."""
+
+
 class TLSConfig(_Strict):
     """HTTPS on the gateway's port (docs/gateway.md, TLS): its certificate, reloaded when the
     files change."""
@@ -364,6 +386,8 @@ class GatewayConfig(_Strict):
     concurrency) live there, so N gateways hold a tenant to one limit (docs/tenants.md).
     With it, ``gpufleet deploy k8s`` runs two gateway replicas. Routing load, health and the
     admission queue stay in each gateway's memory."""
+    batch: BatchConfig = BatchConfig()
+    """The Batch API and its runner (docs/batch.md)."""
     metrics_allow: tuple[str, ...] = ()
     """Client networks (CIDR, ``127.0.0.1/32``, ``10.0.0.0/8``, ``::1/128``) that read
     ``/metrics`` without a credential when auth is on, so Prometheus needs no key (default:
