@@ -24,13 +24,18 @@ def start_up(
     timeout: float = 30.0,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``gpufleet up --fleet FLEET --port 0 --run-dir RUN_DIR EXTRA…`` with its output in
-    ``log``; return the process and the gateway's base URL once it listens."""
+    ``log``; return the process and the gateway's base URL once it listens. Its store (the
+    Batch API's, with auth off too) is under ``$GPUFLEET_HOME``: ``env``'s, else a folder
+    beside ``log``, never the working directory."""
+    env = dict(env if env is not None else os.environ)
+    if "GPUFLEET_HOME" not in env:
+        env["GPUFLEET_HOME"] = str(log.parent / "gpufleet-home")
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "up", "--fleet", str(fleet), "--port", "0",
              "--run-dir", str(run_dir), *extra],
             stdout=out, stderr=subprocess.STDOUT,
-            env={**(env if env is not None else os.environ), "PYTHONUNBUFFERED": "1"},
+            env={**env, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
     deadline = time.monotonic() + timeout
     while not (found := re.search(r"listening on (https?://\S+)", log.read_text())):

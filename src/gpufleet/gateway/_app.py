@@ -30,6 +30,8 @@ from gpufleet.fleet import Outcome, RouteRequest, text_prefix_hashes
 from gpufleet.gateway._admin import AdminApi
 from gpufleet.gateway._admin_fleet import FleetActions
 from gpufleet.gateway._autoscale import ScaleActuator, ScaleExecutor
+from gpufleet.gateway._batch_runner import BatchService
+from gpufleet.gateway._batches_api import batch_path
 from gpufleet.gateway._console import serve_console
 from gpufleet.gateway._control import LiveControl
 from gpufleet.gateway._errors import (
@@ -50,10 +52,11 @@ from gpufleet.gateway._http11 import Http11ReplicaClient
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, Upstream
 from gpufleet.gateway._server import MAX_BODY
-from gpufleet.gateway._tenancy import OPEN_PATHS, Admitted, Tenancy, metered
+from gpufleet.gateway._tenancy import BATCH_LINE, OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._tls import ReplicaTLS
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
 from gpufleet.gateway._watch import FleetWatch
+from gpufleet.store import Store
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -87,6 +90,7 @@ class Gateway:
         tenancy: Tenancy | None = None,
         record: IO[str] | None = None,
         actions: FleetActions | None = None,
+        store: Store | None = None,
     ) -> None:
         self.config = config
         self.tenancy = tenancy
@@ -115,6 +119,18 @@ class Gateway:
         """``/admin`` by role, the console's JSON, the ``/metrics`` guard (docs/console.md)."""
         if record is not None:
             self.control.record(record)
+        store = store or (None if tenancy is None else tenancy.store)
+        self.batches = None
+        """``/v1/files``, ``/v1/batches`` and their runner (docs/batch.md): on with a store."""
+        if store is not None and config.gateway.batch.enabled:
+            self.batches = BatchService(
+                config.gateway.batch,
+                store,
+                self,
+                registry,
+                tenancy=tenancy,
+                body_timeout=config.gateway.timeouts.request_body,
+            )
         self._created = int(time.time())
         self._id_prefix = os.urandom(8).hex()
         self._count = 0
@@ -165,7 +181,7 @@ class Gateway:
             if path.startswith(_OPERATORS):  # own credentials and roles, auth on or off
                 await self._operators(scope, receive, send, rid)
                 return
-            if tenancy is not None and path not in OPEN_PATHS:
+            if tenancy is not None and path not in OPEN_PATHS and BATCH_LINE not in scope:
                 self.admin.authorize(scope, path)  # a tenant's key (/metrics: or more)
             chat = _COMPLETIONS.get(path)
             if chat is not None:
@@ -174,6 +190,8 @@ class Gateway:
                 await self._completion(
                     chat, path, scope, receive, send, request_id=request_id, rid=rid
                 )
+            elif self.batches is not None and batch_path(path):
+                await self.batches.api.handle(scope, receive, send, rid)
             else:
                 await self._get(method, path, send, rid)
         except GatewayError as error:
@@ -256,6 +274,8 @@ class Gateway:
                         scrape = self.control.scrape_loop(self._scraped)
                         loops.append(tg.create_task(scrape, name="gateway-scrape"))
                     loops.append(tg.create_task(self.watch.run(self._client), name="watch"))
+                    if self.batches is not None:  # in-process requests: after the client
+                        loops.append(tg.create_task(self.batches.runner.run(), name="batches"))
                     await send({"type": "lifespan.startup.complete"})
                     await receive()  # lifespan.shutdown
                     self.control.stop()  # no more probes into the closing group
@@ -558,6 +578,7 @@ def create_gateway(
     tenancy: Tenancy | None = None,
     record: IO[str] | None = None,
     actions: FleetActions | None = None,
+    store: Store | None = None,
 ) -> Gateway:
     """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
 
@@ -565,7 +586,8 @@ def create_gateway(
     ``actuator``, the models with ``autoscale`` are scaled through it (docs/gateway.md);
     ``tenancy`` turns auth, quotas, admission and the ledger on; ``record`` gets every
     control event and its commands (``gpufleet up --record``, ``gpufleet replay``);
-    ``actions`` lets operators drain replicas from the admin API and the console.
+    ``actions`` lets operators drain replicas from the admin API and the console; ``store``
+    (else the tenancy's) holds the Batch API's files and batches (docs/batch.md).
     """
     return Gateway(
         config,
@@ -577,6 +599,7 @@ def create_gateway(
         tenancy=tenancy,
         record=record,
         actions=actions,
+        store=store,
     )
 
 
