@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -29,8 +29,15 @@ CHAT = "/v1/chat/completions"
 ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
 
 
-def input_lines(n: int, *, max_tokens: int = 4, model: str = MODEL, prefix: str = "r") -> bytes:
-    """``n`` chat requests, ``custom_id`` ``{prefix}-{i}``."""
+def input_lines(
+    n: int,
+    *,
+    max_tokens: int | Callable[[int], int] = 4,
+    model: str = MODEL,
+    prefix: str = "r",
+) -> bytes:
+    """``n`` chat requests, ``custom_id`` ``{prefix}-{i}``; ``max_tokens``: each line's, or
+    line ``i``'s as ``max_tokens(i)``."""
     return b"".join(
         json.dumps(
             {
@@ -40,7 +47,7 @@ def input_lines(n: int, *, max_tokens: int = 4, model: str = MODEL, prefix: str 
                 "body": {
                     "model": model,
                     "messages": [{"role": "user", "content": f"line {i}"}],
-                    "max_tokens": max_tokens,
+                    "max_tokens": max_tokens(i) if callable(max_tokens) else max_tokens,
                 },
             }
         ).encode()
