@@ -6,9 +6,14 @@
     uvicorn.run(app)      # lifespan on: the prober and the scraper run in its TaskGroup
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (proxied, SSE passed through
-chunk by chunk), ``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``. Every
+chunk by chunk), ``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``, and
+with a store the Batch API's ``/v1/files`` and ``/v1/batches`` (``_batches_api``). Every
 response carries ``x-request-id`` (the client's, or a new one). Errors are mapped once, in
 :meth:`Gateway._answer_error` (the tree is in ``_errors``).
+
+The batch runner (``_batch_runner``) sends each batch line through this app in-process
+(``_inprocess.call_app``): the same path as an HTTP request, its principal already in the
+scope (``BATCH_LINE``), so it is not authenticated again.
 """
 
 from __future__ import annotations
