@@ -157,6 +157,10 @@ def test_bad_requests_get_openai_errors(tmp_path: Path) -> None:
         assert answer("POST", "/v1/batches", content=b"{")[0] == 400
         assert answer("POST", "/v1/batches", json=[1])[0] == 400
         assert answer("POST", "/v1/batches", json={"endpoint": CHAT})[0] == 400
+        # text no database can hold (a lone surrogate, NUL) is the client's error, not a 500
+        surrogate = b'{"input_file_id": "\\ud800", "endpoint": "%s", "completion_window": "24h"}'
+        assert answer("POST", "/v1/batches", content=surrogate % CHAT.encode())[0] == 400
+        assert answer("GET", "/v1/files?after=%00")[0] == 400
         assert answer("POST", "/v1/files", content=b"x")[0] == 400  # not multipart
         form = {"purpose": "batch"}
         assert answer("POST", "/v1/files", data=form, files={"x": ("a", b"1")})[0] == 400

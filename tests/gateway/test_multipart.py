@@ -27,7 +27,7 @@ def test_the_openai_clients_upload_parses() -> None:
     assert parts["file"].data == b'{"a": 1}\n'
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(
     purpose=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=20),
     data=st.binary(max_size=2000),
@@ -104,7 +104,7 @@ def test_malformed_forms_are_refused(kind: str, body: bytes, message: str) -> No
         parse_form(body, kind)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(body=st.binary(max_size=300), boundary=st.sampled_from(["b", "xyz", "--"]))
 def test_no_body_raises_anything_but_a_form_error(body: bytes, boundary: str) -> None:
     with contextlib.suppress(FormError):

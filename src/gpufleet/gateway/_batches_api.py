@@ -189,7 +189,7 @@ class BatchApi:
             value = payload.get(name)
             if not isinstance(value, str):
                 raise BadRequestError(f"`{name}` is required (a string)")
-            fields[name] = value
+            fields[name] = _text(value, name)
         metadata = payload.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequestError("`metadata` must be an object of strings")
@@ -256,7 +256,8 @@ class Call:
 
     def query(self) -> dict[str, str]:
         text = self.scope.get("query_string", b"").decode("latin-1")
-        return dict(reversed(parse_qsl(text, keep_blank_values=True)))  # the first wins
+        pairs = parse_qsl(text, keep_blank_values=True)
+        return {k: _text(v, k) for k, v in reversed(pairs)}  # the first wins
 
     async def body(self, limit: int, timeout: float) -> bytes:
         """The whole request body: 413 over ``limit`` (from ``content-length`` before any
@@ -335,6 +336,17 @@ def _limit(query: dict[str, str], default: int, most: int) -> int:
     if not _whole(text) or not 1 <= int(text) <= most:
         raise BadRequestError(f"`limit` must be a whole number from 1 to {most}")
     return int(text)
+
+
+def _text(value: str, name: str) -> str:
+    """``value`` if every database can hold it (UTF-8, no NUL), else the client's 400."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate, which a JSON string can spell
+        raise BadRequestError(f"`{name}` must be UTF-8 text") from None
+    if "\x00" in value:  # PostgreSQL's text holds no NUL
+        raise BadRequestError(f"`{name}` must not hold NUL characters")
+    return value
 
 
 def _whole(text: str) -> bool:
