@@ -186,13 +186,14 @@ def test_the_window_ends_a_batch_with_what_finished(tmp_path: Path) -> None:
     ):
         key = key_for(gw, "team-a")
         created = time.time() - 24 * 3600 + 1.5  # its window ends 1.5 s from now
-        f = gw.store.files.create("team-a", "batch", input_lines(40, max_tokens=200), "in", now=0)
+        data = input_lines(400, max_tokens=200)  # ~20 s of work, two lines at a time
+        f = gw.store.files.create("team-a", "batch", data, "in.jsonl", now=0)
         batch = gw.store.batches.create("team-a", f.id, CHAT, now=created)
         with openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0) as client:
             done = wait_ended(client, batch.id)
             assert done.status == "expired"
-            out = check_every_line_once(client, batch.id, 40)
-            assert 1 <= len(out) < 40
+            out = check_every_line_once(client, batch.id, 400)
+            assert 1 <= len(out) < 400
             errors = jsonl(client, done.error_file_id)
             assert {e["error"]["code"] for e in errors} == {"batch_expired"}
         deadline = time.monotonic() + 5

@@ -34,6 +34,7 @@ import os
 import random
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -199,6 +200,13 @@ class _Driver:
         self.woken = False
         self.dirty = False
         """A line ended since the last advance (the batch may be done)."""
+        self._claiming = threading.Lock()
+        """Held by a claim's worker thread while it runs: a driver that stops waits for it."""
+        self._unseen: list[LineClaim] = []
+        """What the last claim took, until the driver holds it (a claim's thread runs on
+        when its driver is cancelled: those lines are given back too)."""
+        self._stopped = False
+        """The driver stopped: a claim whose thread starts only now takes nothing."""
 
     async def run(self) -> None:
         r = self.runner
@@ -234,7 +242,9 @@ class _Driver:
                     if line.task is not None:
                         line.task.cancel()
         finally:
-            held = list(self.lines)
+            with self._claiming:  # a claim still in its thread ends first: its lines too
+                self._stopped = True
+                held = [*self.lines, *(c.line for c in self._unseen)]
             if held:  # the runner stops (or failed): give the lines back at once
                 with contextlib.suppress(Exception):
                     r.store.batch_lines.release(self.batch_id, held, worker=r.worker)
@@ -259,19 +269,24 @@ class _Driver:
         """Claim what fits; whether the batch had fewer lines to give than asked for."""
         r = self.runner
         free = r.config.lines_in_flight - len(self.lines)
-        claims = await asyncio.to_thread(
-            r.store.batch_lines.claim,
-            self.batch_id,
-            worker=r.worker,
-            now=r.wall(),
-            limit=free,
-            lease_s=r.config.lease,
-        )
+        claims = await asyncio.to_thread(self._claim_now, free)
+        self._unseen = []  # held from here on (no await until they are in self.lines)
         for claim in claims:
             line = self.lines[claim.line] = _Line(claim)
             line.task = tg.create_task(self._run_line(line))
         r.metrics.running.inc(len(claims))
         return len(claims) < free
+
+    def _claim_now(self, limit: int) -> list[LineClaim]:
+        """The claim, in a worker thread."""
+        r = self.runner
+        with self._claiming:
+            if self._stopped:  # queued for a thread until after its driver stopped
+                return []
+            self._unseen = r.store.batch_lines.claim(
+                self.batch_id, worker=r.worker, now=r.wall(), limit=limit, lease_s=r.config.lease
+            )
+            return self._unseen
 
     async def _stop_waiting(self) -> None:
         """Stop the lines waiting between two tries and give them back (a cancel)."""
@@ -306,20 +321,20 @@ class _Driver:
             )
 
     async def _run_line(self, line: _Line) -> None:
-        """Run the line to an answer and record it. Cancelled before the record, the line
-        stays in :attr:`lines`: the driver gives it back."""
+        """Run the line to an answer and record it. Cancelled before the record returned,
+        the line stays in :attr:`lines` and the driver gives it back: a release after the
+        record (its thread runs on) changes nothing, a record after the release still
+        records (the first result stays)."""
         r = self.runner
         claim = line.claim
         result = _result(await self._answer(line))
-        try:
-            recorded = await asyncio.to_thread(
-                r.store.batch_lines.record, self.batch_id, claim.line, result, now=r.wall()
-            )
-        finally:
-            if self.lines.pop(claim.line, None) is not None:
-                r.metrics.running.dec()
-            self.dirty = True
-            self.changed.set()
+        recorded = await asyncio.to_thread(
+            r.store.batch_lines.record, self.batch_id, claim.line, result, now=r.wall()
+        )
+        if self.lines.pop(claim.line, None) is not None:
+            r.metrics.running.dec()
+        self.dirty = True
+        self.changed.set()
         outcome = ("completed" if result.ok else "failed") if recorded else "late"
         r.metrics.lines.labels(outcome).inc()
 
