@@ -348,9 +348,10 @@ def test_a_simulated_run_replays_to_the_same_decisions() -> None:
     assert kinds == {True, False}
     for line, commands in replayed:
         assert commands == line.commands, line
-    assert any(c["do"] == "reject" for line, _ in replayed for c in line.commands)
+    # the crash's started streams resumed elsewhere
+    assert any(c.get("resume") for line, _ in replayed for c in line.commands)
     done = {c["do"] for line, _ in replayed for c in line.commands}
-    assert {"route", "reject", "probe"} <= done
+    assert {"route", "probe"} <= done
     assert {line.event.__class__.__name__ for line, _ in replayed} >= {
         "Arrived",
         "Finished",
