@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -17,6 +18,7 @@ from gpufleet.engine import WORDS
 from gpufleet.engine.model import ReplicaModel
 from gpufleet.engine.server import SimEngineConfig
 from tests.gateway.conftest import MODEL, fleet, serve_gateway
+from tests.gateway.tenants import serve_tenant_gateway, tenant_fleet
 from tests.up_process import sim_engine_child
 
 MAX_TOKENS = 256
@@ -119,3 +121,41 @@ def test_streams_cut_by_a_sigkill_resume_on_the_other_replica_token_for_token() 
     # every prompt counted once: each kind's prompts are as long as one another's
     assert len({s.usage.prompt_tokens for s in streams if s.chat}) <= 2
     assert len({s.usage.prompt_tokens for s in streams if not s.chat}) <= 2
+
+
+def test_a_metered_stream_resumes_and_its_ledger_row_counts_the_answer_once(
+    tmp_path: Path,
+) -> None:
+    """Auth on: streams are read chunk by chunk (their usage metered), not relayed."""
+    config = tenant_fleet(gateway={"seed": SEED})
+    with (
+        sim_engine_child(*ENGINE) as (a, doomed),
+        sim_engine_child(*ENGINE) as (b, _),
+        serve_tenant_gateway(tmp_path, config, [a, b]) as gw,
+    ):
+        _, key = gw.store.create_key("metered")
+        time.sleep(0.5)  # the tenancy snapshot refreshes every 0.2 s
+        streams = [Stream(chat=i % 2 == 1) for i in range(4)]
+        with openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0, timeout=60) as client:
+            threads = [
+                threading.Thread(target=run, args=(client, s, i)) for i, s in enumerate(streams)
+            ]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 30
+            while min(len(s.words) for s in streams) < 20:
+                assert time.monotonic() < deadline, [len(s.words) for s in streams]
+                time.sleep(0.005)
+            os.kill(doomed.pid, signal.SIGKILL)
+            for t in threads:
+                t.join(timeout=60)
+        resumed = gw.sample("gpufleet:gateway_stream_resumes_total", model=MODEL, outcome="resumed")
+        gw.flush()
+        (row,) = gw.store.usage(tenant="metered")
+    assert [s.error for s in streams] == [None] * len(streams)
+    assert resumed >= 1
+    assert all(s.usage.completion_tokens == MAX_TOKENS for s in streams)
+    assert row.requests == len(streams)
+    assert row.errors == 0
+    assert row.completion_tokens == MAX_TOKENS * len(streams)  # every token once
+    assert row.prompt_tokens == sum(s.usage.prompt_tokens for s in streams)  # every prompt once
