@@ -69,6 +69,15 @@ def sim_engine_process(
     """``gpufleet engine sim --port 0 ARGS…`` as a child process (it can crash, or be
     crashed, without taking the test along); yields its URL once ``/health`` answers
     (``verify``: what an ``https://`` one's certificate is checked with)."""
+    with sim_engine_child(*args, timeout=timeout, verify=verify) as (url, _):
+        yield url
+
+
+@contextmanager
+def sim_engine_child(
+    *args: str, timeout: float = 30.0, verify: ssl.SSLContext | bool = True
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """:func:`sim_engine_process`, with the process too (a test that kills it)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "engine", "sim", "--port", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -85,7 +94,7 @@ def sim_engine_process(
                 pass
             assert time.monotonic() < deadline, "replica process did not start"
             time.sleep(0.05)
-        yield url
+        yield url, process
     finally:
         process.kill()
         process.communicate()

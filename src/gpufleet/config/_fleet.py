@@ -297,7 +297,8 @@ class Timeouts(_Strict):
 
 
 class RetryConfig(_Strict):
-    """Retries of failures before the first byte, on the next replica of the ranking."""
+    """Retries of failures before the first byte, on the next replica of the ranking, and
+    resumes of streams that broke after it."""
 
     max_retries: int = Field(2, ge=0)
     """Further attempts per request after the first."""
@@ -306,6 +307,13 @@ class RetryConfig(_Strict):
     budget), so a failing fleet does not double its own load …"""
     min_retry_concurrency: int = Field(3, ge=0)
     """… but this many retries at once are always allowed."""
+    max_resumes: int = Field(2, ge=0)
+    """Times one stream that broke after its first byte is resumed on another replica (the
+    gateway splices the continuation into the client's stream; docs/gateway.md, "Resuming a
+    stream"). 0: a broken stream ends with an error event. Resumes do not draw on the retry
+    budget."""
+    resume_within: float = Field(300.0, gt=0.0)
+    """Seconds after its arrival past which a broken stream is no longer resumed."""
 
 
 class AutoscalerConfig(_Strict):

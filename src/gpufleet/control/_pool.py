@@ -21,7 +21,10 @@ A request's life (conserved: every ``Arrived`` ends in exactly one final command
                                                           ▼
                rank ─► Route(first candidate) ◄─── held while the pool has no replica
                           │                          (autoscaled pools; Reject on timeout)
-           AttemptFailed ─┼─► Route(next candidate, retry)  within max_retries and budget
+           AttemptFailed ─┼─► Route(next candidate, retry)  before the first byte: within
+                          │                                  max_retries and the budget
+                          ├─► Route(another replica, resume) after it: resumable, within
+                          │                                  max_resumes and resume_within
                           └─► Reject(exhausted | broken)
            Finished ──────► leaves: admission pumps the queue
 """
@@ -92,11 +95,28 @@ class _Request:
     """A request the pool knows, from its arrival until it leaves (a plain class: one is
     made per request, on the hot path)."""
 
-    __slots__ = ("candidates", "hold_until", "phase", "replica", "request", "retry", "ticket")
+    __slots__ = (
+        "arrived_at",
+        "candidates",
+        "hold_until",
+        "phase",
+        "replica",
+        "request",
+        "resumable",
+        "resumes",
+        "retry",
+        "ticket",
+    )
 
-    def __init__(self, request: RouteRequest, ticket: Ticket | None) -> None:
+    def __init__(
+        self, request: RouteRequest, ticket: Ticket | None, now: float, resumable: bool
+    ) -> None:
         self.request = request
         self.ticket = ticket
+        self.arrived_at = now
+        self.resumable = resumable
+        self.resumes = 0
+        """Times its stream was resumed on another replica."""
         self.phase = _QUEUED
         self.replica: ReplicaId | None = None
         self.candidates: list[ReplicaId] = []
@@ -121,7 +141,9 @@ class PoolCounters:
     no_replica: int = 0
     """Requests no replica could take (none routable, or every candidate failed)."""
     broken: int = 0
-    """Streams that broke after their first byte."""
+    """Streams that broke after their first byte and were not resumed."""
+    resumes: int = 0
+    """Streams that broke after their first byte and were resumed on another replica."""
     shed: int = 0
     expired: int = 0
     held: int = 0
@@ -354,7 +376,7 @@ class PoolController:
         self._scale_arrivals += 1
         admission = self.admission
         if admission is None:
-            req = _Request(request, None)
+            req = _Request(request, None, now, event.resumable)
             self._requests[request.request_id] = req
             self.in_flight += 1
             self._route(now, req, out)
@@ -369,7 +391,7 @@ class PoolController:
             deadline,
             now,
         )
-        req = _Request(request, ticket)
+        req = _Request(request, ticket, now, event.resumable)
         self._requests[request.request_id] = req
         if admission.enter(ticket, self.routable()):
             self.in_flight += 1
@@ -450,11 +472,13 @@ class PoolController:
         self, now: float, req: _Request, outcome: Outcome, streamed: bool, out: list[Command]
     ) -> None:
         """An attempt failed: retry on the next candidate (before the first byte, within
-        the retry budget), else the request ends in an error. Health decides after."""
+        the retry budget) or resume on another replica (after it), else the request ends in
+        an error. Health decides after."""
+        broken = req.replica
         decide = self._end_attempt(now, req, outcome)
         if streamed:
-            self.counters.broken += 1
-            self._finish(req, RejectReason.BROKEN, out)
+            assert broken is not None
+            self._resume(now, req, broken, out)
         else:
             self._retry(now, req, out)
         if decide:
@@ -481,6 +505,33 @@ class PoolController:
             return
         self.counters.no_replica += 1
         self._finish(req, RejectReason.EXHAUSTED, out)
+
+    def _resume(self, now: float, req: _Request, broken: ReplicaId, out: list[Command]) -> None:
+        """A stream broke after its first byte: continue it on the best reachable replica of
+        a fresh ranking other than ``broken`` (a resumable request, at most ``max_resumes``
+        times, within ``resume_within`` of its arrival; no retry budget: the client is
+        mid-answer, and resumes are bounded per request), else it ends in an error event."""
+        retry = self.settings.retry
+        if (
+            req.resumable
+            and req.resumes < retry.max_resumes
+            and now - req.arrived_at <= retry.resume_within
+        ):
+            ranking = self.router.rank(now, req.request, self.view)
+            reachable = self._reachable
+            for replica in chain.from_iterable(ranking.tiers):
+                if replica != broken and replica in reachable:
+                    req.resumes += 1
+                    self.counters.resumes += 1
+                    req.candidates = []
+                    self._start(now, req, replica, retry=False)
+                    rid = req.request.request_id
+                    out.append(
+                        Route(rid, replica, False, ranking.policy, ranking.panic, resume=True)
+                    )
+                    return
+        self.counters.broken += 1
+        self._finish(req, RejectReason.BROKEN, out)
 
     def _hold(self, now: float, req: _Request, out: list[Command]) -> None:
         settings = self.settings

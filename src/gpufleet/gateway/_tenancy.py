@@ -349,6 +349,7 @@ class Tenancy:
         usage = admitted.meter.usage
         if admitted.lease is not None:
             spent = usage.total if usage.known else usage.prompt_tokens
+            spent += usage.resumed_prompt_tokens
             self.quotas.release(admitted.lease, spent if started else 0)
             admitted.lease = None
 
