@@ -7,7 +7,9 @@ The package map (see docs/architecture.md):
 * ``planner``  capacity plans (``gpufleet plan``)
 * ``engine``   the replica model and the sim engine server
 * ``fleet``    domain types shared by the control plane
-* ``policy``   routing, admission, health, autoscaling, rollout (pure)
+* ``config``   the fleet file
+* ``policy``   routing, admission, health, autoscaling (pure)
+* ``control``  the pool controller: the control loop both shells drive (pure)
 * ``gateway``  the OpenAI-compatible HTTP edge
 * ``runtime``  where replicas run (local processes, Kubernetes)
 * ``sim``      the fleet simulator

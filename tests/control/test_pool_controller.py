@@ -23,6 +23,8 @@ from gpufleet.control import (
     Route,
     Scale,
     Tick,
+    event_from_json,
+    event_to_json,
     read_recording,
     replay,
 )
@@ -246,6 +248,126 @@ def test_a_broken_stream_is_not_retried() -> None:
     assert control.pools[POOL].in_flight == 0
 
 
+def arrive_resumable(control: FleetController, now: float, i: int) -> Route:
+    request = RouteRequest(f"r{i}", POOL, prompt_tokens=100)
+    (route,) = control.handle(now, Arrived(request, resumable=True))
+    assert isinstance(route, Route)
+    return route
+
+
+def broke(control: FleetController, now: float, i: int) -> list[object]:
+    return list(
+        control.handle(now, AttemptFailed(POOL, f"r{i}", Outcome.CONNECT_FAILURE, streamed=True))
+    )
+
+
+def test_a_resumable_stream_that_broke_resumes_on_another_replica() -> None:
+    control = controller()
+    up(control, 0.0, 3)
+    first = arrive_resumable(control, 1.0, 0)
+    out = broke(control, 1.5, 0)
+    resume = next(c for c in out if isinstance(c, Route))
+    assert resume.resume
+    assert not resume.retry
+    assert resume.replica != first.replica
+    pool = control.pools[POOL]
+    assert pool.counters.resumes == 1
+    assert pool.counters.broken == 0
+    assert pool.active_retries == 0  # resumes do not draw on the retry budget
+    assert pool.attempts == {resume.replica: 1}
+    control.handle(2.0, Finished(POOL, "r0"))
+    assert pool.in_flight == 0
+    assert pool.attempts == {}
+
+
+def test_resumes_are_bounded_per_request() -> None:
+    control = controller(retry={"max_resumes": 2})
+    up(control, 0.0, 3)
+    arrive_resumable(control, 1.0, 0)
+    routes = []
+    for t in (1.1, 1.2):
+        routes += [c for c in broke(control, t, 0) if isinstance(c, Route)]
+    assert [r.resume for r in routes] == [True, True]
+    out = broke(control, 1.3, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+    pool = control.pools[POOL]
+    assert (pool.counters.resumes, pool.counters.broken) == (2, 1)
+    assert pool.in_flight == 0
+    assert pool.attempts == {}
+
+
+def test_a_stream_is_not_resumed_past_its_deadline() -> None:
+    control = controller(retry={"resume_within": 10.0})
+    up(control, 0.0, 3)
+    arrive_resumable(control, 1.0, 0)
+    out = broke(control, 11.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+
+
+def test_a_stream_that_is_not_resumable_ends_in_an_error_event() -> None:
+    control = controller()
+    up(control, 0.0, 3)
+    arrive(control, 1.0, 0)  # resumable=False: n > 1, say
+    out = broke(control, 1.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+    assert control.pools[POOL].counters.resumes == 0
+
+
+def test_max_resumes_zero_turns_resumes_off() -> None:
+    control = controller(retry={"max_resumes": 0})
+    up(control, 0.0, 3)
+    arrive_resumable(control, 1.0, 0)
+    out = broke(control, 1.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+
+
+def test_a_stream_is_not_resumed_on_the_replica_it_broke_on() -> None:
+    control = controller()
+    up(control, 0.0, 1)  # the only replica is the one that broke
+    arrive_resumable(control, 1.0, 0)
+    out = broke(control, 1.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+
+
+def test_a_resume_goes_only_to_a_reachable_replica() -> None:
+    control = controller()
+    up(control, 0.0, 2)
+    first = arrive_resumable(control, 1.0, 0)
+    other = next(r for r in (f"{POOL}-0", f"{POOL}-1") if r != first.replica)
+    # the other replica's process is gone (the runtime has no address for it)
+    seen = tuple(
+        ReplicaSeen(ReplicaId(r), ReplicaState.READY, None if r == other else "a")
+        for r in (f"{POOL}-0", f"{POOL}-1")
+    )
+    control.handle(1.2, Replicas(POOL, seen))
+    out = broke(control, 1.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+
+
+def test_resumes_round_trip_through_json_and_replay() -> None:
+    fleet = parse_fleet({"models": [{"name": POOL, "replicas": 3, "routing": "least_request"}]})
+    live = FleetController.of(fleet)
+    out = io.StringIO()
+    live.record(out)
+    up(live, 0.0, 3)
+    arrive_resumable(live, 1.0, 0)
+    arrive(live, 1.0, 1)
+    broke(live, 1.5, 0)
+    broke(live, 1.5, 1)
+    live.handle(2.0, Finished(POOL, "r0"))
+    lines = [json.loads(line) for line in out.getvalue().splitlines()[1:]]
+    arrivals = {e["id"]: e for line in lines if (e := line["event"])["kind"] == "arrived"}
+    assert arrivals["r0"]["resumable"] is True
+    assert "resumable" not in arrivals["r1"]
+    routes = [c for line in lines for c in line["commands"] if c["do"] == "route"]
+    assert [c.get("resume", False) for c in routes] == [False, False, True]
+    for line in lines:
+        assert event_to_json(event_from_json(line["event"])) == line["event"]
+    head, recorded = read_recording(io.StringIO(out.getvalue()))
+    for line, commands in replay(head, recorded):
+        assert commands == line.commands
+
+
 def test_the_retry_budget_counts_admitted_requests() -> None:
     # min 1 retry at once, 0 %: the second concurrent retry is refused
     control = controller(retry={"budget_percent": 0.0, "min_retry_concurrency": 1})
@@ -379,9 +501,10 @@ def test_a_simulated_run_replays_to_the_same_decisions() -> None:
     assert kinds == {True, False}
     for line, commands in replayed:
         assert commands == line.commands, line
-    assert any(c["do"] == "reject" for line, _ in replayed for c in line.commands)
+    # the crash's started streams resumed elsewhere
+    assert any(c.get("resume") for line, _ in replayed for c in line.commands)
     done = {c["do"] for line, _ in replayed for c in line.commands}
-    assert {"route", "reject", "probe"} <= done
+    assert {"route", "probe"} <= done
     assert {line.event.__class__.__name__ for line, _ in replayed} >= {
         "Arrived",
         "Finished",

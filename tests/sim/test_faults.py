@@ -47,8 +47,10 @@ def test_a_crash_loses_requests_retries_unstarted_ones_and_restarts() -> None:
     report = sim.report({})
     faults = report["faults"]
     assert faults["crashes"] == 1
-    assert faults["requests_failed"] == faults["lost_mid_stream"] + faults["no_replica"]
-    assert faults["requests_failed"] == report["overall"]["failed"] > 0
+    # started streams resumed on the other replicas: no request failed
+    assert faults["requests_failed"] == report["overall"]["failed"] == 0
+    assert faults["lost_mid_stream"] == 0
+    assert faults["resumed_streams"] > 0
     assert faults["retries"] >= 0
     crashed = report["replicas"][1]
     assert crashed["crashes"] == 1
@@ -59,6 +61,58 @@ def test_a_crash_loses_requests_retries_unstarted_ones_and_restarts() -> None:
     for record in sim.harness.recorder.log:
         if record.replica == 1 and not record.failed:
             assert not 20.0 < record.arrival_s < 35.0 or record.finish_s < 20.0
+
+
+def test_streams_lost_mid_way_resume_elsewhere_with_the_whole_answer_and_its_extra_prefill() -> (
+    None
+):
+    trace = requests(400, seed=1)
+    sim = run(fleet(), "crash:replica=llama-3.1-8b-1,at=20,startup_s=15")
+    harness = sim.harness
+    resumed = sim.control.pools["llama-3.1-8b"].counters.resumes
+    assert resumed == harness.resumed > 0
+    rows = {r.index: r for r in harness.recorder.log}
+    assert len(rows) == len(trace)
+    # every row is the whole answer: the client's prompt and every token, once
+    for index, request in enumerate(trace):
+        row = rows[index]
+        assert not row.failed
+        assert (row.input_tokens, row.output_tokens) == (
+            request.input_tokens,
+            request.output_tokens,
+        )
+    # the resumed rows finished on another replica, after the crash, with their first token
+    # from before it; their re-sent prompts are the extra prefill
+    moved = [
+        r
+        for r in rows.values()
+        if r.first_token_s is not None
+        and r.first_token_s < 20.0
+        and r.finish_s > 20.0
+        and r.replica != 1
+        and r.arrival_s < 20.0
+    ]
+    assert moved
+    extra = sim.report({})["faults"]["resume_prefill_tokens"]
+    assert extra == harness.resume_prefill_tokens
+    # each resume re-sends its prompt (at least 50 tokens here) and a token or more
+    assert extra >= resumed * 51
+
+
+def test_without_resumes_a_crash_fails_its_started_streams() -> None:
+    config = fleet()
+    config = config.model_copy(
+        update={
+            "gateway": config.gateway.model_copy(
+                update={"retry": config.gateway.retry.model_copy(update={"max_resumes": 0})}
+            )
+        }
+    )
+    sim = run(config, "crash:replica=llama-3.1-8b-1,at=20,startup_s=15")
+    faults = sim.report({})["faults"]
+    assert faults["resumed_streams"] == 0
+    assert faults["requests_failed"] == faults["lost_mid_stream"] + faults["no_replica"]
+    assert faults["lost_mid_stream"] > 0
 
 
 def test_requests_lost_before_their_first_token_are_retried_elsewhere() -> None:

@@ -155,15 +155,13 @@ def test_refuses_the_past_nan_and_infinity() -> None:
         Kernel(start=math.nan)
 
 
-def test_clock_reads_virtual_time() -> None:
+def test_now_is_the_time_of_the_event_processed() -> None:
     recorder = Recorder()
     kernel = Kernel()
-    clock = kernel.clock
     kernel.schedule(4.25, NORMAL, Note(recorder, 0))
-    assert clock.now() == 0.0
+    assert kernel.now == 0.0
     kernel.step()
-    assert clock.now() == 4.25
-    assert clock.time_scale == math.inf
+    assert kernel.now == 4.25
 
 
 # -- local and shared events ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from rich.table import Table
 from gpufleet.cli._errors import user_errors
 from gpufleet.config import DEFAULT_FLEET, FleetConfig, load_fleet
 from gpufleet.sim import (
+    SAMPLE_TRACE,
     ArrivalProcess,
     Fault,
     FleetSimulation,
@@ -162,6 +163,13 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{faults['retries']:,} retries",
             )
         )
+        rows.append(
+            (
+                "resumed streams",
+                f"{faults['resumed_streams']:,} "
+                f"(+{faults['resume_prefill_tokens']:,} prompt tokens re-prefilled)",
+            )
+        )
         ejections = faults["ejections"]
         rows.append(
             (
@@ -271,7 +279,12 @@ def simulate(
     fleet: Annotated[
         Path | None, typer.Option(help="Fleet file (default: the packaged default fleet).")
     ] = None,
-    trace: Annotated[Path | None, typer.Option(help="Request trace to replay.")] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Request trace to replay (default: the packaged Azure 2023 conversation hour)."
+        ),
+    ] = None,
     fmt: Annotated[
         str | None,
         typer.Option(
@@ -342,8 +355,9 @@ def simulate(
     --trace AzureLLMInferenceTrace_conv.csv --out runs/azure
     """
     with user_errors():
-        if trace is None:
-            raise ValueError("--trace is required")
+        if trace is None:  # a first run needs nothing beside the package
+            trace = SAMPLE_TRACE
+            typer.echo("no --trace: replaying the packaged Azure 2023 conversation hour", err=True)
         if out is None:
             raise ValueError("--out is required")
         paths = _fleet_paths(fleets, fleet, compare=compare)

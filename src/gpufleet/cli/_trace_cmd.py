@@ -9,12 +9,10 @@ from typing import Annotated
 import typer
 
 from gpufleet.cli._errors import user_errors
-from gpufleet.sim import DiurnalCurve, load_trace, synth_requests
+from gpufleet.sim import SAMPLE_TRACE, DiurnalCurve, load_trace, synth_requests
 
 app = typer.Typer(help="Make request traces.", no_args_is_help=True)
-
-AZURE_CONV = Path("../shared/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv")
-"""Where the Azure 2023 conversation trace sits beside a checkout (the sizes' default)."""
+_PACKAGED = "the packaged Azure 2023 conversation trace"
 
 
 @app.command()
@@ -33,8 +31,13 @@ def synth(
         bool, typer.Option("--no-spikes", help="The diurnal curve alone.")
     ] = False,
     sizes: Annotated[
-        Path, typer.Option(help="Azure-format CSV whose prompt and output lengths are drawn.")
-    ] = AZURE_CONV,
+        Path,
+        typer.Option(
+            help="A trace whose prompt and output lengths are drawn (default: the packaged "
+            "Azure 2023 conversation hour).",
+            show_default=False,
+        ),
+    ] = SAMPLE_TRACE,
 ) -> None:
     """A day-long diurnal trace (docs/traces.md): Poisson arrivals along a raised cosine
     with spikes, prompt and output lengths drawn from a real trace.
@@ -71,5 +74,5 @@ def synth(
     typer.echo(
         f"wrote {out}: {count:,} requests over {hours:g} h "
         f"(mean {count / (hours * 3600):.2f} req/s, peak {peak_rps:g} req/s), seed {seed}, "
-        f"sizes from {sizes.name}"
+        f"sizes from {_PACKAGED if sizes == SAMPLE_TRACE else sizes.name}"
     )

@@ -22,8 +22,11 @@ A request's life (conserved: every ``Arrived`` ends in exactly one final command
                rank ─► Route(first candidate) ◄─── held while the pool has no routable
                           │                          replica but one is on its way (starting,
                           │                          or an autoscaled pool; Reject on timeout)
-           AttemptFailed ─┼─► Route(next candidate, retry)  within max_retries; from the
-                          │                          retry budget unless the replica is gone
+           AttemptFailed ─┼─► Route(next candidate, retry)  before the first byte: within
+                          │                          max_retries; from the retry budget
+                          │                          unless the replica is gone
+                          ├─► Route(another replica, resume) after it: resumable, within
+                          │                                  max_resumes and resume_within
                           └─► Reject(exhausted | broken)
            Finished ──────► leaves: admission pumps the queue
 """
@@ -99,19 +102,28 @@ class _Request:
     made per request, on the hot path)."""
 
     __slots__ = (
+        "arrived_at",
         "candidates",
         "hold_until",
         "phase",
         "replica",
         "request",
+        "resumable",
+        "resumes",
         "retry",
         "ticket",
         "tried",
     )
 
-    def __init__(self, request: RouteRequest, ticket: Ticket | None) -> None:
+    def __init__(
+        self, request: RouteRequest, ticket: Ticket | None, now: float, resumable: bool
+    ) -> None:
         self.request = request
         self.ticket = ticket
+        self.arrived_at = now
+        self.resumable = resumable
+        self.resumes = 0
+        """Times its stream was resumed on another replica."""
         self.phase = _QUEUED
         self.replica: ReplicaId | None = None
         self.candidates: list[ReplicaId] = []
@@ -140,7 +152,9 @@ class PoolCounters:
     no_replica: int = 0
     """Requests no replica could take (none routable, or every candidate failed)."""
     broken: int = 0
-    """Streams that broke after their first byte."""
+    """Streams that broke after their first byte and were not resumed."""
+    resumes: int = 0
+    """Streams that broke after their first byte and were resumed on another replica."""
     shed: int = 0
     expired: int = 0
     held: int = 0
@@ -389,7 +403,7 @@ class PoolController:
         self._scale_arrivals += 1
         admission = self.admission
         if admission is None:
-            req = _Request(request, None)
+            req = _Request(request, None, now, event.resumable)
             self._requests[request.request_id] = req
             self.in_flight += 1
             self._route(now, req, out)
@@ -404,7 +418,7 @@ class PoolController:
             deadline,
             now,
         )
-        req = _Request(request, ticket)
+        req = _Request(request, ticket, now, event.resumable)
         self._requests[request.request_id] = req
         if admission.enter(ticket, self.routable()):
             self.in_flight += 1
@@ -496,15 +510,16 @@ class PoolController:
     def _failed(
         self, now: float, req: _Request, outcome: Outcome, streamed: bool, out: list[Command]
     ) -> None:
-        """An attempt failed: retry on the next candidate (before the first byte), else the
-        request ends in an error. Health decides after."""
-        replica = req.replica
+        """An attempt failed: retry on the next candidate (before the first byte; from the
+        retry budget unless its replica is gone) or resume on another replica (after it),
+        else the request ends in an error. Health decides after."""
+        broken = req.replica
         decide = self._end_attempt(now, req, outcome)
         if streamed:
-            self.counters.broken += 1
-            self._finish(req, RejectReason.BROKEN, out)
+            assert broken is not None
+            self._resume(now, req, broken, out)
         else:
-            self._retry(now, req, replica, outcome, out)
+            self._retry(now, req, broken, outcome, out)
         if decide:
             self._decide_health(now, out)
 
@@ -581,6 +596,33 @@ class PoolController:
             if replica in reachable and replica not in tried:
                 return replica
         return None
+
+    def _resume(self, now: float, req: _Request, broken: ReplicaId, out: list[Command]) -> None:
+        """A stream broke after its first byte: continue it on the best reachable replica of
+        a fresh ranking other than ``broken`` (a resumable request, at most ``max_resumes``
+        times, within ``resume_within`` of its arrival; no retry budget: the client is
+        mid-answer, and resumes are bounded per request), else it ends in an error event."""
+        retry = self.settings.retry
+        if (
+            req.resumable
+            and req.resumes < retry.max_resumes
+            and now - req.arrived_at <= retry.resume_within
+        ):
+            ranking = self.router.rank(now, req.request, self.view)
+            reachable = self._reachable
+            for replica in chain.from_iterable(ranking.tiers):
+                if replica != broken and replica in reachable:
+                    req.resumes += 1
+                    self.counters.resumes += 1
+                    req.candidates = []
+                    self._start(now, req, replica, retry=False)
+                    rid = req.request.request_id
+                    out.append(
+                        Route(rid, replica, False, ranking.policy, ranking.panic, resume=True)
+                    )
+                    return
+        self.counters.broken += 1
+        self._finish(req, RejectReason.BROKEN, out)
 
     def _hold(self, now: float, req: _Request, out: list[Command]) -> None:
         settings = self.settings

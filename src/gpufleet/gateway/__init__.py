@@ -30,7 +30,6 @@ from gpufleet.gateway._server import GatewayServer
 from gpufleet.gateway._tenancy import Tenancy, admin_key
 from gpufleet.gateway._tls import ReplicaTLS, ServerTLS
 from gpufleet.gateway._upstream import (
-    HttpReplicaClient,
     ReplicaClient,
     UpstreamRequest,
     UpstreamResponse,
@@ -46,7 +45,6 @@ __all__ = [
     "GatewayMetrics",
     "GatewayServer",
     "Http11ReplicaClient",
-    "HttpReplicaClient",
     "LiveControl",
     "LocalOriginError",
     "ModelNotFoundError",

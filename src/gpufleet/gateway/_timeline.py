@@ -21,8 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from gpufleet.control import Scale
-from gpufleet.policy import EjectionRecord, ScaleDirection, decision_record
+from gpufleet.control import EjectionRecord, Scale, ScaleDirection, decision_record
 
 MAX_EVENTS: Final = 1000
 

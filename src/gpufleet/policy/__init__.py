@@ -1,4 +1,4 @@
-"""Pure, clock-injected policies: routing, admission, health, autoscaling, rollout.
+"""Pure, clock-injected policies: routing, admission, health, autoscaling.
 
 Every policy is a small synchronous object: it takes ``now`` and a frozen
 :class:`~gpufleet.fleet.FleetView`, returns a frozen decision, and keeps its memory in named

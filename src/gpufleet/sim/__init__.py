@@ -28,7 +28,7 @@ from gpufleet.sim._harness import (
     RoundRobin,
     Routing,
 )
-from gpufleet.sim._kernel import NORMAL, URGENT, Event, Kernel, KernelClock, Part, ScheduledEvent
+from gpufleet.sim._kernel import NORMAL, URGENT, Event, Kernel, Part, ScheduledEvent
 from gpufleet.sim._plots import write_plots
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import Recorder, RequestLog, RequestRecord
@@ -39,6 +39,7 @@ from gpufleet.sim._synth import DEFAULT_SPIKES, DiurnalCurve, Spike, synth_reque
 from gpufleet.sim._traces import (
     PREFIX_BLOCK_TOKENS,
     PREFIX_HASH_TOKENS,
+    SAMPLE_TRACE,
     TraceFormat,
     TraceReader,
     TraceRequest,
@@ -51,6 +52,7 @@ __all__ = [
     "NORMAL",
     "PREFIX_BLOCK_TOKENS",
     "PREFIX_HASH_TOKENS",
+    "SAMPLE_TRACE",
     "URGENT",
     "ArrivalProcess",
     "BlackoutFault",
@@ -65,7 +67,6 @@ __all__ = [
     "FleetSimulation",
     "Gate",
     "Kernel",
-    "KernelClock",
     "LogHistogram",
     "MtbfFault",
     "Part",

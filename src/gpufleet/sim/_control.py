@@ -6,12 +6,14 @@ turns the simulated world into its events and does what it says::
     Arrival          ─► Arrived(RouteRequest: pool, prefix hashes, prompt tokens, tenant)
     replica ends     ─► Finished(work: uncached prompt, output tokens)
     crash            ─► AttemptFailed(streamed: had its first token) · Replicas(no process)
+                        (every request is resumable: Arrived(resumable=True))
     restart / join   ─► Replicas(new incarnation)      drain / leave ─► Replicas
     scrape tick      ─► Scraped(running, waiting, KV usage of each scraped replica)
     Wake @ next_wakeup() ─► Tick
     ─────────────────────────────────────────────────────────────────────────────────────
     Route  ─► drivers[k].submit (at once; from a replica's step end, by a Dispatch event at
-              that instant, since one replica's event may not touch another)
+              that instant, since one replica's event may not touch another); a resume:
+              the prompt plus the tokens generated so far (FleetHarness.submit_resume)
     Reject ─► an error row (the gateway's 503, or a stream cut mid-way)
     Probe  ─► answered at once: ok unless the replica is down
     Scale  ─► the modelled runtime (``gpufleet.sim._autoscale``)
@@ -380,8 +382,8 @@ class SimControl:
             match command:
                 case Route() if self._local:
                     self._deferred.append(command)
-                case Route(request_id=rid, replica=replica):
-                    events += self._submit(now, int(rid), replica)
+                case Route(request_id=rid, replica=replica, resume=resume):
+                    events += self._submit(now, int(rid), replica, resume)
                 case Reject(request_id=rid, reason=reason):
                     self._refuse(now, int(rid))
                     if self._on_refuse is not None:
@@ -445,13 +447,17 @@ class SimControl:
             session_key=request.session,
             tenant=tenant,
         )
-        return self._tell(now, Arrived(routed, priority, weight))
+        return self._tell(now, Arrived(routed, priority, weight, resumable=True))
 
-    def _submit(self, now: float, index: int, replica: ReplicaId) -> list[ScheduledEvent]:
+    def _submit(
+        self, now: float, index: int, replica: ReplicaId, resume: bool = False
+    ) -> list[ScheduledEvent]:
         harness = self._harness
         assert harness is not None
         k = self.replicas.by_id[replica].driver
         assert k is not None, replica
+        if resume:
+            return harness.submit_resume(now, index, k)
         pending = self._pending.pop(index, None)
         if pending is not None:  # its first attempt
             request = pending.request

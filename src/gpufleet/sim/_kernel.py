@@ -76,27 +76,6 @@ class ScheduledEvent:
     """Only ``event.target`` reads or changes anything by it (see ``Kernel.next_shared``)."""
 
 
-class KernelClock:
-    """Read-only virtual time: the ``now()`` and ``time_scale`` of the engine's ``Clock``.
-
-    Parts that want to wait return a :class:`ScheduledEvent` instead of sleeping, so this
-    clock has no ``sleep_until``.
-    """
-
-    __slots__ = ("_kernel",)
-
-    def __init__(self, kernel: Kernel) -> None:
-        self._kernel = kernel
-
-    @property
-    def time_scale(self) -> float:
-        """Virtual seconds per wall second: unbounded (the kernel jumps from event to event)."""
-        return math.inf
-
-    def now(self) -> float:
-        return self._kernel.now
-
-
 class Kernel:
     """Discrete-event loop over a heap of ``(time, priority, seq, event)``."""
 
@@ -119,10 +98,6 @@ class Kernel:
     def now(self) -> float:
         """Virtual seconds: the time of the event being (or last) processed."""
         return self._now
-
-    @property
-    def clock(self) -> KernelClock:
-        return KernelClock(self)
 
     def __len__(self) -> int:
         """Events scheduled and not yet processed."""

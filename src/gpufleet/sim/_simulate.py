@@ -551,6 +551,8 @@ def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
         "crashes": sim.faults.crashes,
         "requests_failed": sim.harness.failed,
         "lost_mid_stream": sum(c.broken for c in counters),
+        "resumed_streams": sum(c.resumes for c in counters),
+        "resume_prefill_tokens": sim.harness.resume_prefill_tokens,
         "no_replica": sum(c.no_replica for c in counters),
         "retries": sum(c.retries for c in counters),
         "retries_refused": sum(c.retries_refused for c in counters),

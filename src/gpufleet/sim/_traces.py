@@ -21,6 +21,7 @@ traffic).
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import random
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from datetime import date
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 from gpufleet.sim._arrivals import ArrivalProcess
 from gpufleet.sim._recording_trace import recording_rows
@@ -154,7 +155,11 @@ def detect_format(path: str | Path) -> TraceFormat:
             first = next((line for line in file if line.strip()), "")
         except UnicodeDecodeError as error:
             raise _not_text(trace, error) from None
-    suffix = trace.suffix.lower()
+        except (gzip.BadGzipFile, EOFError) as error:
+            raise _not_gzip(trace, error) from None
+    # the name says the format under a .gz: trace.csv.gz is a CSV
+    named = Path(trace.stem) if trace.suffix.lower() == ".gz" else trace
+    suffix = named.suffix.lower()
     looks_json = first.lstrip().startswith("{")
     if suffix in {".jsonl", ".json", ".ndjson"} or (suffix != ".csv" and looks_json):
         try:
@@ -212,10 +217,22 @@ def _requests(
             )
     except UnicodeDecodeError as error:
         raise _not_text(path, error) from None
+    except (gzip.BadGzipFile, EOFError) as error:
+        raise _not_gzip(path, error) from None
 
 
 def _not_text(path: Path, error: UnicodeDecodeError) -> ValueError:
     return ValueError(f"{path}: not UTF-8 text ({error.reason} in a block read from it)")
+
+
+def _not_gzip(path: Path, error: Exception) -> ValueError:
+    return ValueError(f"{path}: not a whole gzip file ({error})")
+
+
+SAMPLE_TRACE: Final = Path(__file__).parent / "data" / "azure-conv-2023.csv.gz"
+"""The trace shipped in the package (data/README.md): the Azure 2023 conversation hour,
+19,366 requests. ``gpufleet simulate``'s trace and ``gpufleet trace synth``'s size table
+when none is given."""
 
 
 def _format(value: TraceFormat | str) -> TraceFormat:
@@ -228,6 +245,8 @@ def _format(value: TraceFormat | str) -> TraceFormat:
 
 def _open(path: Path) -> IO[str]:
     # utf-8-sig drops a byte-order mark; newline="" lets csv handle \r\n itself.
+    if path.suffix.lower() == ".gz":  # any format, gzipped (the packaged sample is)
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
     return path.open(encoding="utf-8-sig", newline="")
 
 
