@@ -215,7 +215,7 @@ def start_up(fleet: Path, run_dir: Path, port: int) -> tuple[subprocess.Popen[by
         [str(exe), "up", "--fleet", str(fleet), "--run-dir", str(run_dir / "run")],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "GPUFLEET_HOME": str(run_dir / "home")},
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

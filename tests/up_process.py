@@ -24,13 +24,18 @@ def start_up(
     timeout: float = 30.0,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``gpufleet up --fleet FLEET --port 0 --run-dir RUN_DIR EXTRA…`` with its output in
-    ``log``; return the process and the gateway's base URL once it listens."""
+    ``log``; return the process and the gateway's base URL once it listens. Its store (the
+    Batch API's, with auth off too) is under ``$GPUFLEET_HOME``: ``env``'s, else a folder
+    beside ``log``, never the working directory."""
+    env = dict(env if env is not None else os.environ)
+    if "GPUFLEET_HOME" not in env:
+        env["GPUFLEET_HOME"] = str(log.parent / "gpufleet-home")
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "up", "--fleet", str(fleet), "--port", "0",
              "--run-dir", str(run_dir), *extra],
             stdout=out, stderr=subprocess.STDOUT,
-            env={**(env if env is not None else os.environ), "PYTHONUNBUFFERED": "1"},
+            env={**env, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
     deadline = time.monotonic() + timeout
     while not (found := re.search(r"listening on (https?://\S+)", log.read_text())):
@@ -64,6 +69,15 @@ def sim_engine_process(
     """``gpufleet engine sim --port 0 ARGS…`` as a child process (it can crash, or be
     crashed, without taking the test along); yields its URL once ``/health`` answers
     (``verify``: what an ``https://`` one's certificate is checked with)."""
+    with sim_engine_child(*args, timeout=timeout, verify=verify) as (url, _):
+        yield url
+
+
+@contextmanager
+def sim_engine_child(
+    *args: str, timeout: float = 30.0, verify: ssl.SSLContext | bool = True
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """:func:`sim_engine_process`, with the process too (a test that kills it)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "engine", "sim", "--port", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -80,7 +94,7 @@ def sim_engine_process(
                 pass
             assert time.monotonic() < deadline, "replica process did not start"
             time.sleep(0.05)
-        yield url
+        yield url, process
     finally:
         process.kill()
         process.communicate()

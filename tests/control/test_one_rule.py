@@ -104,7 +104,7 @@ SCRIPT: list[tuple[float, Step]] = [
     (1.2, End(0)),
     # the replica the shared prefix drew them to crashes under four of them
     (1.3, Lost(1)),  # retried elsewhere
-    (1.3, Lost(2, started=True)),  # streaming when it broke: no retry
+    (1.3, Lost(2, started=True)),  # streaming when it broke: resumed elsewhere
     (1.3, Lost(3)),
     (1.3, Lost(4)),
     (1.3, Down(2)),
@@ -207,12 +207,14 @@ async def run_live(config: FleetConfig) -> list[dict[str, Any]]:
                     request = RouteRequest(
                         str(i), POOL, token_prefix_hashes(p), len(p), None, tenant
                     )
-                    decisions[i] = tasks.create_task(live.arrive(request, priority))
+                    # every simulated request is resumable; the gateway says which are
+                    arrival = live.arrive(request, priority, resumable=True)
+                    decisions[i] = tasks.create_task(arrival)
                 case End(i=i) if in_attempt(i):
                     ended.add(i)
                     live.finished(POOL, str(i), Outcome.SUCCESS)
                 case Lost(i=i, started=started) if in_attempt(i):
-                    decision = live.failed(POOL, str(i), Outcome.REPLICA_ERROR, streamed=started)
+                    decision = live.failed(POOL, str(i), Outcome.CONNECT_FAILURE, streamed=started)
                     decisions[i] = _done(decision)
                 case Down(replica=k):
                     world.down.add(k)
@@ -262,6 +264,9 @@ class ScriptedHarness:
         return []
 
     def submit_retry(self, now: float, index: int, replica: int) -> list[Any]:
+        return []
+
+    def submit_resume(self, now: float, index: int, replica: int) -> list[Any]:
         return []
 
     def refuse(self, now: float, index: int, *_: object) -> None:
@@ -393,7 +398,9 @@ def test_both_adapters_make_the_same_decisions_on_one_script() -> None:
     retries = [c for line in live for c in line["commands"] if c.get("retry")]
     assert len(retries) == 3, retries  # three of the four lost attempts; one had streamed
     assert kinds["route"] >= 15, kinds
-    assert kinds.get("reject:broken") == 1, kinds
+    resumes = [c for line in live for c in line["commands"] if c.get("resume")]
+    assert len(resumes) == 1, resumes  # the one that had streamed
+    assert "reject:broken" not in kinds, kinds
     assert kinds.get("reject:shed", 0) >= 1, kinds  # the queue overflowed
     assert kinds["probe"] >= 2 * REPLICAS, kinds  # first probes, the restarted process's, ...
     queued = [line for line in live if line["event"]["kind"] == "arrived" and not line["commands"]]

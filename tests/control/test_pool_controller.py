@@ -10,6 +10,7 @@ from gpufleet.control import (
     Arrived,
     AttemptFailed,
     ClientGone,
+    Ejected,
     Finished,
     FleetController,
     Probe,
@@ -22,6 +23,8 @@ from gpufleet.control import (
     Route,
     Scale,
     Tick,
+    event_from_json,
+    event_to_json,
     read_recording,
     replay,
 )
@@ -31,14 +34,24 @@ from gpufleet.sim import FleetSimulation, SimOptions, TraceRequest
 POOL = "llama-3.1-8b"
 
 
-def controller(replicas: int = 3, **gateway: object) -> FleetController:
-    fleet = parse_fleet(
-        {
-            "models": [{"name": POOL, "replicas": replicas, "routing": "least_request"}],
-            "gateway": gateway,
-        }
+def controller(
+    replicas: int = 3, health: dict[str, object] | None = None, **gateway: object
+) -> FleetController:
+    model: dict[str, object] = {"name": POOL, "replicas": replicas, "routing": "least_request"}
+    if health is not None:
+        model["health"] = health
+    return FleetController.of(parse_fleet({"models": [model], "gateway": gateway}))
+
+
+def seen(*replicas: tuple[int, ReplicaState, str | None]) -> Replicas:
+    """The runtime's list: (index, state, incarnation) per replica."""
+    return Replicas(
+        POOL, tuple(ReplicaSeen(ReplicaId(f"{POOL}-{i}"), s, n) for i, s, n in replicas)
     )
-    return FleetController.of(fleet)
+
+
+def routed(out: list[object]) -> list[tuple[str, str, bool]]:
+    return [(c.request_id, c.replica, c.retry) for c in out if isinstance(c, Route)]
 
 
 def up(control: FleetController, now: float, n: int, incarnation: str = "a") -> list[object]:
@@ -72,7 +85,7 @@ def test_a_failure_before_the_first_byte_is_retried_on_the_next_candidate() -> N
     up(control, 0.0, 3)
     (first,) = arrive(control, 1.0, 0)
     assert isinstance(first, Route)
-    out = control.handle(1.1, AttemptFailed(POOL, "r0", Outcome.CONNECT_FAILURE))
+    out = control.handle(1.1, AttemptFailed(POOL, "r0", Outcome.TIMEOUT))
     retry = next(c for c in out if isinstance(c, Route))
     assert retry.retry
     assert retry.replica != first.replica
@@ -84,6 +97,148 @@ def test_a_failure_before_the_first_byte_is_retried_on_the_next_candidate() -> N
     assert pool.attempts == {}
 
 
+def test_a_replica_the_runtime_saw_healthy_is_routable_from_the_first_request() -> None:
+    # no probe answered yet: the runtime's READY (its own /health check) is the first pass
+    control = controller()
+    out = control.handle(0.0, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.READY, "b")))
+    assert {c.replica for c in out if isinstance(c, Probe)} == {f"{POOL}-0", f"{POOL}-1"}
+    assert len(control.pools[POOL].routable()) == 2
+    (route,) = arrive(control, 0.0, 0)
+    assert isinstance(route, Route)
+
+
+def test_a_replica_becomes_routable_when_the_runtime_reports_it_ready() -> None:
+    control = controller()
+    control.handle(0.0, seen((0, ReplicaState.STARTING, "a")))
+    assert control.pools[POOL].routable() == ()
+    control.handle(2.0, seen((0, ReplicaState.READY, "a")))
+    assert len(control.pools[POOL].routable()) == 1
+
+
+def test_a_restart_starts_the_checks_over_and_a_repeated_ready_is_no_new_pass() -> None:
+    control = controller(health={"active": {"healthy_threshold": 3, "unhealthy_threshold": 1}})
+    pool = control.pools[POOL]
+    control.handle(0.0, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.READY, "b")))
+    control.handle(1.0, ProbeAnswered(POOL, ReplicaId(f"{POOL}-0"), False))
+    assert [r.id for r in pool.routable()] == [f"{POOL}-1"]  # failing its checks
+    # the runtime says READY again (level-triggered, same process): not a new check
+    control.handle(1.5, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.READY, "b")))
+    assert [r.id for r in pool.routable()] == [f"{POOL}-1"]
+    # a new process: starting (not routable), then READY, its first pass, is enough:
+    # the old process's failed checks (3 passes to come back) are forgotten
+    control.handle(2.0, seen((0, ReplicaState.STARTING, "a2"), (1, ReplicaState.READY, "b")))
+    assert [r.id for r in pool.routable()] == [f"{POOL}-1"]
+    control.handle(3.0, seen((0, ReplicaState.READY, "a2"), (1, ReplicaState.READY, "b")))
+    assert len(pool.routable()) == 2
+
+
+def test_a_request_waits_for_a_starting_replica_instead_of_a_503() -> None:
+    control = controller(autoscaler={"hold_timeout": 5.0})
+    pool = control.pools[POOL]
+    control.handle(0.0, seen((0, ReplicaState.STARTING, "a"), (1, ReplicaState.STARTING, None)))
+    assert arrive(control, 0.1, 0) == []  # held, not refused
+    assert pool.held == 1
+    out = control.handle(0.4, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.STARTING, None)))
+    assert routed(out) == [("r0", f"{POOL}-0", False)]
+    assert pool.held == 0
+    assert pool.counters.hold_served == 1
+
+
+def test_a_request_held_for_a_starting_replica_times_out() -> None:
+    control = controller(autoscaler={"hold_timeout": 5.0})
+    control.handle(0.0, seen((0, ReplicaState.STARTING, "a")))
+    arrive(control, 1.0, 0)
+    assert control.next_wakeup() == 6.0
+    assert control.handle(6.0, Tick()) == [Reject("r0", RejectReason.HOLD_TIMEOUT)]
+    assert control.pools[POOL].in_flight == 0
+
+
+def test_a_pool_with_nothing_starting_refuses_at_once() -> None:
+    control = controller(autoscaler={"hold_timeout": 5.0})
+    control.handle(0.0, seen((0, ReplicaState.DRAINING, "a")))
+    assert arrive(control, 1.0, 0) == [Reject("r0", RejectReason.NO_REPLICA)]
+    held = controller(autoscaler={"hold_requests": 0})  # holding off
+    held.handle(0.0, seen((0, ReplicaState.STARTING, "a")))
+    assert arrive(held, 1.0, 0) == [Reject("r0", RejectReason.NO_REPLICA)]
+
+
+def test_a_gone_replica_is_retried_without_drawing_on_the_budget() -> None:
+    # a budget that allows no retry at all: only free retries can happen
+    control = controller(2, retry={"budget_percent": 0.0, "min_retry_concurrency": 0})
+    pool = control.pools[POOL]
+    up(control, 0.0, 2)
+    first = {c.request_id: c.replica for i in range(8) for c in arrive(control, 1.0, i)}
+    dead = ReplicaId(f"{POOL}-0")
+    on_dead = sorted(r for r, replica in first.items() if replica == dead)
+    assert len(on_dead) == 4
+    for rid in on_dead:  # killed under four requests: refused or reset before a byte
+        out = control.handle(1.1, AttemptFailed(POOL, rid, Outcome.CONNECT_FAILURE))
+        assert routed(out) == [(rid, f"{POOL}-1", True)]
+    assert pool.counters.free_retries == 4
+    assert pool.counters.retries_refused == 0
+    assert pool.active_retries == 0  # the budget's count did not move
+    # a slow replica (a timeout) or a 5xx from one in service still draws on the budget
+    rid = next(r for r, replica in first.items() if replica != dead)
+    out = control.handle(1.2, AttemptFailed(POOL, rid, Outcome.TIMEOUT))
+    assert out == [Reject(rid, RejectReason.EXHAUSTED, budget=True)]
+
+
+def test_a_failure_on_a_replica_known_dead_or_ejected_is_free() -> None:
+    control = controller(
+        3,
+        health={"outlier": {"consecutive_5xx": 1, "max_ejection_percent": 50}},
+        retry={"budget_percent": 0.0, "min_retry_concurrency": 0},
+    )
+    pool = control.pools[POOL]
+    up(control, 0.0, 3)
+    first = {c.request_id: c.replica for i in range(6) for c in arrive(control, 1.0, i)}
+    a, b = (sorted(r for r, x in first.items() if x == f"{POOL}-{k}") for k in (0, 1))
+    # replica 0's process is gone (the runtime says so): a timeout there is free
+    others = ((k, ReplicaState.READY, "a") for k in (1, 2))
+    control.handle(1.1, seen((0, ReplicaState.FAILED, None), *others))
+    out = control.handle(1.2, AttemptFailed(POOL, a[0], Outcome.TIMEOUT))
+    ((rid, replica, retry),) = routed(out)
+    assert (rid, retry) == (a[0], True)
+    assert replica != f"{POOL}-0"
+    assert pool.counters.free_retries == 1
+    # replica 1 answers a 5xx: a retry from the budget (refused: none), and health ejects it
+    out = control.handle(1.3, AttemptFailed(POOL, b[0], Outcome.REPLICA_ERROR))
+    assert Reject(b[0], RejectReason.EXHAUSTED, budget=True) in out
+    assert any(isinstance(c, Ejected) and c.record.enforced for c in out)
+    # the next 5xx from the ejected replica is free
+    out = control.handle(1.4, AttemptFailed(POOL, b[1], Outcome.REPLICA_ERROR))
+    assert [(r, retry) for r, _, retry in routed(out)] == [(b[1], True)]
+    assert pool.counters.free_retries == 2
+    assert pool.counters.retries_refused == 1
+
+
+def test_free_retries_try_each_replica_once_within_max_retries() -> None:
+    for max_retries, attempts in ((5, 3), (1, 2)):
+        control = controller(3, retry={"max_retries": max_retries})
+        up(control, 0.0, 3)
+        (route,) = arrive(control, 1.0, 0)
+        assert isinstance(route, Route)
+        tried = [route.replica]
+        out: list[object] = []
+        while True:
+            out = control.handle(1.1, AttemptFailed(POOL, "r0", Outcome.CONNECT_FAILURE))
+            if not routed(out):
+                break
+            tried += [replica for _, replica, _ in routed(out)]
+        assert len(tried) == len(set(tried)) == attempts
+        assert out == [Reject("r0", RejectReason.EXHAUSTED)]
+
+
+def test_a_retry_finds_a_replica_that_became_routable_after_the_request_was_ranked() -> None:
+    control = controller(2, retry={"budget_percent": 0.0, "min_retry_concurrency": 0})
+    control.handle(0.0, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.STARTING, "b")))
+    (route,) = arrive(control, 1.0, 0)  # ranked over replica 0 alone
+    assert isinstance(route, Route)
+    control.handle(1.5, seen((0, ReplicaState.READY, "a"), (1, ReplicaState.READY, "b")))
+    out = control.handle(2.0, AttemptFailed(POOL, "r0", Outcome.CONNECT_FAILURE))
+    assert routed(out) == [("r0", f"{POOL}-1", True)]
+
+
 def test_a_broken_stream_is_not_retried() -> None:
     control = controller()
     up(control, 0.0, 3)
@@ -91,6 +246,126 @@ def test_a_broken_stream_is_not_retried() -> None:
     out = control.handle(1.5, AttemptFailed(POOL, "r0", Outcome.CONNECT_FAILURE, streamed=True))
     assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
     assert control.pools[POOL].in_flight == 0
+
+
+def arrive_resumable(control: FleetController, now: float, i: int) -> Route:
+    request = RouteRequest(f"r{i}", POOL, prompt_tokens=100)
+    (route,) = control.handle(now, Arrived(request, resumable=True))
+    assert isinstance(route, Route)
+    return route
+
+
+def broke(control: FleetController, now: float, i: int) -> list[object]:
+    return list(
+        control.handle(now, AttemptFailed(POOL, f"r{i}", Outcome.CONNECT_FAILURE, streamed=True))
+    )
+
+
+def test_a_resumable_stream_that_broke_resumes_on_another_replica() -> None:
+    control = controller()
+    up(control, 0.0, 3)
+    first = arrive_resumable(control, 1.0, 0)
+    out = broke(control, 1.5, 0)
+    resume = next(c for c in out if isinstance(c, Route))
+    assert resume.resume
+    assert not resume.retry
+    assert resume.replica != first.replica
+    pool = control.pools[POOL]
+    assert pool.counters.resumes == 1
+    assert pool.counters.broken == 0
+    assert pool.active_retries == 0  # resumes do not draw on the retry budget
+    assert pool.attempts == {resume.replica: 1}
+    control.handle(2.0, Finished(POOL, "r0"))
+    assert pool.in_flight == 0
+    assert pool.attempts == {}
+
+
+def test_resumes_are_bounded_per_request() -> None:
+    control = controller(retry={"max_resumes": 2})
+    up(control, 0.0, 3)
+    arrive_resumable(control, 1.0, 0)
+    routes = []
+    for t in (1.1, 1.2):
+        routes += [c for c in broke(control, t, 0) if isinstance(c, Route)]
+    assert [r.resume for r in routes] == [True, True]
+    out = broke(control, 1.3, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+    pool = control.pools[POOL]
+    assert (pool.counters.resumes, pool.counters.broken) == (2, 1)
+    assert pool.in_flight == 0
+    assert pool.attempts == {}
+
+
+def test_a_stream_is_not_resumed_past_its_deadline() -> None:
+    control = controller(retry={"resume_within": 10.0})
+    up(control, 0.0, 3)
+    arrive_resumable(control, 1.0, 0)
+    out = broke(control, 11.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+
+
+def test_a_stream_that_is_not_resumable_ends_in_an_error_event() -> None:
+    control = controller()
+    up(control, 0.0, 3)
+    arrive(control, 1.0, 0)  # resumable=False: n > 1, say
+    out = broke(control, 1.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+    assert control.pools[POOL].counters.resumes == 0
+
+
+def test_max_resumes_zero_turns_resumes_off() -> None:
+    control = controller(retry={"max_resumes": 0})
+    up(control, 0.0, 3)
+    arrive_resumable(control, 1.0, 0)
+    out = broke(control, 1.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+
+
+def test_a_stream_is_not_resumed_on_the_replica_it_broke_on() -> None:
+    control = controller()
+    up(control, 0.0, 1)  # the only replica is the one that broke
+    arrive_resumable(control, 1.0, 0)
+    out = broke(control, 1.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+
+
+def test_a_resume_goes_only_to_a_reachable_replica() -> None:
+    control = controller()
+    up(control, 0.0, 2)
+    first = arrive_resumable(control, 1.0, 0)
+    other = next(r for r in (f"{POOL}-0", f"{POOL}-1") if r != first.replica)
+    # the other replica's process is gone (the runtime has no address for it)
+    seen = tuple(
+        ReplicaSeen(ReplicaId(r), ReplicaState.READY, None if r == other else "a")
+        for r in (f"{POOL}-0", f"{POOL}-1")
+    )
+    control.handle(1.2, Replicas(POOL, seen))
+    out = broke(control, 1.5, 0)
+    assert [c for c in out if isinstance(c, Reject)] == [Reject("r0", RejectReason.BROKEN)]
+
+
+def test_resumes_round_trip_through_json_and_replay() -> None:
+    fleet = parse_fleet({"models": [{"name": POOL, "replicas": 3, "routing": "least_request"}]})
+    live = FleetController.of(fleet)
+    out = io.StringIO()
+    live.record(out)
+    up(live, 0.0, 3)
+    arrive_resumable(live, 1.0, 0)
+    arrive(live, 1.0, 1)
+    broke(live, 1.5, 0)
+    broke(live, 1.5, 1)
+    live.handle(2.0, Finished(POOL, "r0"))
+    lines = [json.loads(line) for line in out.getvalue().splitlines()[1:]]
+    arrivals = {e["id"]: e for line in lines if (e := line["event"])["kind"] == "arrived"}
+    assert arrivals["r0"]["resumable"] is True
+    assert "resumable" not in arrivals["r1"]
+    routes = [c for line in lines for c in line["commands"] if c["do"] == "route"]
+    assert [c.get("resume", False) for c in routes] == [False, False, True]
+    for line in lines:
+        assert event_to_json(event_from_json(line["event"])) == line["event"]
+    head, recorded = read_recording(io.StringIO(out.getvalue()))
+    for line, commands in replay(head, recorded):
+        assert commands == line.commands
 
 
 def test_the_retry_budget_counts_admitted_requests() -> None:
@@ -226,9 +501,10 @@ def test_a_simulated_run_replays_to_the_same_decisions() -> None:
     assert kinds == {True, False}
     for line, commands in replayed:
         assert commands == line.commands, line
-    assert any(c["do"] == "reject" for line, _ in replayed for c in line.commands)
+    # the crash's started streams resumed elsewhere
+    assert any(c.get("resume") for line, _ in replayed for c in line.commands)
     done = {c["do"] for line, _ in replayed for c in line.commands}
-    assert {"route", "reject", "probe"} <= done
+    assert {"route", "probe"} <= done
     assert {line.event.__class__.__name__ for line, _ in replayed} >= {
         "Arrived",
         "Finished",

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import httpx
 import openai
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gpufleet.engine.server import FaultConfig
+from gpufleet.fleet import ReplicaId
+from gpufleet.gateway import (
+    StaticReplicas,
+    Upstream,
+    UpstreamRequest,
+    UpstreamResponse,
+    create_gateway,
+)
 from tests.gateway.conftest import (
     MODEL,
     Running,
     closed_port_url,
     fleet,
+    serve_app,
     serve_gateway,
     sim_replica,
 )
@@ -91,6 +103,50 @@ def test_no_replica_is_503_with_retry_after() -> None:
         assert response.headers["retry-after"] == "1"
         assert response.json()["error"]["type"] == "service_unavailable"
         assert httpx.get(gw.url + "/ready").status_code == 503
+
+
+class _SlowProbes:
+    """A scripted upstream: completions answer at once, ``/health`` only after ``delay`` s
+    (the gateway's own first health decision comes late)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    @asynccontextmanager
+    async def send(self, request: UpstreamRequest) -> AsyncIterator[UpstreamResponse]:
+        async def body() -> AsyncIterator[bytes]:
+            yield b'{"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}'
+
+        yield UpstreamResponse(200, [(b"content-type", b"application/json")], body())
+
+    async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
+        if url.endswith("/health"):
+            await asyncio.sleep(self.delay)
+        return 200, b""
+
+
+def test_replicas_the_runtime_reports_ready_serve_before_the_first_probe_answers() -> None:
+    """Issue 14: no 503 at start. The runtime reports its replicas READY (it checked them);
+    the gateway's own first probes take 2 s: requests sent at once are served, and
+    ``/ready`` says so."""
+    config = fleet(health={"active": {"timeout": 5.0}})
+    replicas = StaticReplicas(
+        [Upstream(ReplicaId(f"{MODEL}-{i}"), MODEL, f"http://replica-{i}") for i in range(2)]
+    )
+    app = create_gateway(config, replicas, CollectorRegistry(), client=_SlowProbes(2.0))
+    with serve_app(app, "own") as url:
+        started = time.monotonic()
+        statuses = [
+            httpx.post(
+                url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}
+            ).status_code
+            for _ in range(5)
+        ]
+        ready = httpx.get(url + "/ready")
+        assert time.monotonic() - started < 1.5  # all before a probe answered
+    assert statuses == [200] * 5
+    assert ready.status_code == 200
+    assert ready.json()["routable"] == {MODEL: 2}
 
 
 def test_all_replicas_down_is_503_and_fast() -> None:

@@ -50,6 +50,12 @@ ROUTES = [
     "/admin/keys/0123456789ab/rotate",
     "/admin/usage",
     "/admin/audit",
+    "/v1/files",
+    "/v1/files/file-0123",
+    "/v1/files/file-0123/content",
+    "/v1/batches",
+    "/v1/batches/batch_0123",
+    "/v1/batches/batch_0123/cancel",
 ]
 
 scalars = (
@@ -187,8 +193,25 @@ admin_bodies = mutated(
 )
 
 
+batch = st.fixed_dictionaries(
+    {},
+    optional={
+        "input_file_id": st.sampled_from(["file-0123"]) | values,
+        "endpoint": st.sampled_from(["/v1/chat/completions", "/v1/completions"]) | values,
+        "completion_window": st.sampled_from(["24h"]) | values,
+        "metadata": st.dictionaries(st.text(max_size=70), values, max_size=17) | values,
+    },
+)
+form = st.tuples(st.text(max_size=8), st.binary(max_size=40)).map(
+    lambda p: (
+        b"--b\r\nContent-Disposition: form-data; name=%s\r\n\r\n%s\r\n--b--"
+        % (p[0].encode(errors="replace"), p[1])
+    )
+)
 bodies = (
     completion.map(lambda b: json.dumps(b).encode())
+    | batch.map(lambda b: json.dumps(b).encode())
+    | form
     | tenant_settings.map(lambda b: json.dumps(b).encode())
     | values.map(lambda b: json.dumps(b).encode())
     | st.binary(max_size=64)
@@ -207,7 +230,9 @@ def header_sets(user_key: str | None) -> st.SearchStrategy[dict[str, bytes]]:
         {},
         optional={
             "authorization": st.sampled_from(auth) | header_value,
-            "content-type": st.sampled_from([b"application/json", b"text/plain"]),
+            "content-type": st.sampled_from(
+                [b"application/json", b"text/plain", b"multipart/form-data; boundary=b"]
+            ),
             "x-request-id": header_value,
             "x-session-id": header_value,
             "x-gpufleet-deadline-ms": st.sampled_from([b"nan", b"inf", b"-1", b"1e309", b"0"])
@@ -219,7 +244,11 @@ def header_sets(user_key: str | None) -> st.SearchStrategy[dict[str, bytes]]:
 requests = st.tuples(
     st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]),
     paths,
-    st.dictionaries(st.sampled_from(["since", "until", "tenant", "limit"]), latin1, max_size=2),
+    st.dictionaries(
+        st.sampled_from(["since", "until", "tenant", "limit", "after", "order", "purpose"]),
+        latin1 | st.sampled_from(["\x00", "file-0123", "batch_0123"]),
+        max_size=2,
+    ),
 )
 
 

@@ -83,14 +83,15 @@ def test_losing_the_spare_warns_once_per_transition(caplog: pytest.LogCaptureFix
 def test_a_pool_without_a_spare_from_the_start_warns_once_judged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    config = fleet(replicas=1)  # active checks on: STARTING until the first probe answers
+    config = fleet(replicas=1)  # active checks on
     shown = _Shown(config, CollectorRegistry())
-    shown.handle(0.0, _replicas(ReplicaState.READY))
-    assert not _warnings(caplog)  # probing: still starting
+    shown.handle(0.0, _replicas(ReplicaState.STARTING))
+    assert not _warnings(caplog)  # still starting: not judged
     assert shown.views.spare[MODEL] is None
-    shown.handle(0.5, _replicas(ReplicaState.FAILED))
+    shown.handle(0.5, _replicas(ReplicaState.READY))  # the runtime's check: judged at once
     assert len(_warnings(caplog)) == 1
-    shown.handle(1.0, Tick())
+    shown.handle(1.0, _replicas(ReplicaState.FAILED))
+    shown.handle(1.5, Tick())
     assert len(_warnings(caplog)) == 1
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from typer.testing import CliRunner
@@ -52,6 +55,33 @@ def test_up_serves_the_fleet_and_stops_cleanly(tmp_path: Path) -> None:
         stop(process)
     assert all(_gone(pid) for pid in pids)
     assert "stopped" in log.read_text()
+
+
+def test_requests_sent_the_moment_the_gateway_answers_are_served(tmp_path: Path) -> None:
+    """Issue 14: `gpufleet up` with the packaged default fleet (two sim replicas), then
+    chats sent the moment ``/v1/models`` first answers: none gets a 503 while the gateway
+    makes its first health decisions (the runtime's READY is the replicas' first check)."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((resources.files("gpufleet.config") / "data/default-fleet.yaml").read_text())
+    body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]}
+    for run in range(3):
+        process, base = start_up(fleet, tmp_path / f"up{run}.out", run_dir=tmp_path / f"r{run}")
+        try:
+            with httpx.Client(base_url=base, timeout=30) as http:
+                while http.get("/v1/models").status_code != 200:
+                    pass
+
+                def chat(i: int, http: httpx.Client = http) -> int:
+                    payload = {**body, "max_tokens": 2 + i % 3}
+                    return http.post("/v1/chat/completions", json=payload).status_code
+
+                with ThreadPoolExecutor(8) as pool:
+                    statuses = list(pool.map(chat, range(16)))
+            assert statuses == [200] * 16, f"run {run}: {statuses}"
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+            stop(process)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""Durability as a user would test it: ``gpufleet up --auth`` under load, ``kill -9``, restart;
-the ledger holds every request a client saw complete."""
+"""``kill -9`` under load, as a user would try it: of the gateway (``gpufleet up --auth``,
+restarted: the ledger holds every request a client saw complete), and of a replica (the
+gateway retries what was in flight on it: no client sees an error)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
+import httpx
 import openai
 
 from gpufleet.store import Store
-from tests.up_process import start_up, wait_ready
+from tests.up_process import start_up, stop, wait_ready
 
 FLEET = """
 models:
@@ -86,3 +89,102 @@ def test_kill_9_under_load_loses_no_completed_request(tmp_path: Path) -> None:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=30)
         store.close()
+
+
+TWO = """
+models:
+  - name: llama-3.1-8b
+    replicas: 2
+    args: ["--time-scale", "0.25", "--max-model-len", "2048"]
+    health: {active: {interval: 0.2}, outlier: {base_ejection_time: 0.5}}
+"""
+"""Two sim replicas, at a quarter of the modelled speed (a chat takes ~0.5 s, so each has
+some eight requests in flight, and the machine has the CPU to restart one quickly); a
+short ejection, so a restarted replica is not kept out after its crash."""
+CLIENTS = 16
+KILLS = 10
+
+
+def _replica_pids(parent: int) -> list[int]:
+    """The engine processes ``gpufleet up`` (``parent``) runs now, oldest first."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"engine" in cmdline:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def _routable(base: str, count: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(base + "/ready").json()["routable"]["llama-3.1-8b"] != count:
+        assert time.monotonic() < deadline, f"not {count} routable replicas after {timeout} s"
+        time.sleep(0.02)
+
+
+def test_kill_9_of_a_replica_under_load_fails_no_request(tmp_path: Path) -> None:
+    """Issue 14: 16 clients (the official client, no client retries) send chats to two
+    replicas; one replica is SIGKILLed, the runtime restarts it, then the other is killed,
+    ten kills in all. The requests in flight on the killed replica are retried on the
+    survivor without the retry budget (a gone replica is no overload): none fails."""
+    (tmp_path / "fleet.yaml").write_text(TWO)
+    process, base = start_up(tmp_path / "fleet.yaml", tmp_path / "up.out", run_dir=tmp_path / "run")
+    done = threading.Event()
+    lock = threading.Lock()
+    served = 0
+    failed: Counter[str] = Counter()
+
+    def send(worker: int) -> None:
+        nonlocal served
+        with openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0) as client:
+            i = 0
+            while not done.is_set():
+                i += 1
+                try:
+                    client.chat.completions.create(
+                        model="llama-3.1-8b",
+                        messages=[{"role": "user", "content": f"client {worker}, chat {i}"}],
+                        max_tokens=16,
+                    )
+                except openai.APIError as error:
+                    with lock:
+                        failed[str(error)[:160]] += 1
+                else:
+                    with lock:
+                        served += 1
+
+    threads = [threading.Thread(target=send, args=(w,)) for w in range(CLIENTS)]
+    try:
+        _routable(base, 2)
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        for kill in range(KILLS):
+            before = served
+            os.kill(_replica_pids(process.pid)[0], signal.SIGKILL)  # the longer-lived one
+            _routable(base, 2)  # restarted and routable again
+            assert served > before, f"kill {kill}: nothing was served"
+        done.set()
+        for t in threads:
+            t.join(timeout=30)
+        metrics = httpx.get(base + "/metrics").text
+    finally:
+        done.set()
+        stop(process)
+    assert not failed, f"{sum(failed.values())} of {served} requests failed: {dict(failed)}"
+    print(f"{served} requests over {KILLS} kills, none failed")
+    assert served > 100 * KILLS / 10
+    retried = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('gpufleet:gateway_retries_total{model="llama-3.1-8b",outcome="connect')
+    ]
+    assert retried, "no kill caught a request in flight"
+    assert float(retried[0].split()[-1]) >= KILLS

@@ -47,8 +47,10 @@ def test_a_crash_loses_requests_retries_unstarted_ones_and_restarts() -> None:
     report = sim.report({})
     faults = report["faults"]
     assert faults["crashes"] == 1
-    assert faults["requests_failed"] == faults["lost_mid_stream"] + faults["no_replica"]
-    assert faults["requests_failed"] == report["overall"]["failed"] > 0
+    # started streams resumed on the other replicas: no request failed
+    assert faults["requests_failed"] == report["overall"]["failed"] == 0
+    assert faults["lost_mid_stream"] == 0
+    assert faults["resumed_streams"] > 0
     assert faults["retries"] >= 0
     crashed = report["replicas"][1]
     assert crashed["crashes"] == 1
@@ -59,6 +61,58 @@ def test_a_crash_loses_requests_retries_unstarted_ones_and_restarts() -> None:
     for record in sim.harness.recorder.log:
         if record.replica == 1 and not record.failed:
             assert not 20.0 < record.arrival_s < 35.0 or record.finish_s < 20.0
+
+
+def test_streams_lost_mid_way_resume_elsewhere_with_the_whole_answer_and_its_extra_prefill() -> (
+    None
+):
+    trace = requests(400, seed=1)
+    sim = run(fleet(), "crash:replica=llama-3.1-8b-1,at=20,startup_s=15")
+    harness = sim.harness
+    resumed = sim.control.pools["llama-3.1-8b"].counters.resumes
+    assert resumed == harness.resumed > 0
+    rows = {r.index: r for r in harness.recorder.log}
+    assert len(rows) == len(trace)
+    # every row is the whole answer: the client's prompt and every token, once
+    for index, request in enumerate(trace):
+        row = rows[index]
+        assert not row.failed
+        assert (row.input_tokens, row.output_tokens) == (
+            request.input_tokens,
+            request.output_tokens,
+        )
+    # the resumed rows finished on another replica, after the crash, with their first token
+    # from before it; their re-sent prompts are the extra prefill
+    moved = [
+        r
+        for r in rows.values()
+        if r.first_token_s is not None
+        and r.first_token_s < 20.0
+        and r.finish_s > 20.0
+        and r.replica != 1
+        and r.arrival_s < 20.0
+    ]
+    assert moved
+    extra = sim.report({})["faults"]["resume_prefill_tokens"]
+    assert extra == harness.resume_prefill_tokens
+    # each resume re-sends its prompt (at least 50 tokens here) and a token or more
+    assert extra >= resumed * 51
+
+
+def test_without_resumes_a_crash_fails_its_started_streams() -> None:
+    config = fleet()
+    config = config.model_copy(
+        update={
+            "gateway": config.gateway.model_copy(
+                update={"retry": config.gateway.retry.model_copy(update={"max_resumes": 0})}
+            )
+        }
+    )
+    sim = run(config, "crash:replica=llama-3.1-8b-1,at=20,startup_s=15")
+    faults = sim.report({})["faults"]
+    assert faults["resumed_streams"] == 0
+    assert faults["requests_failed"] == faults["lost_mid_stream"] + faults["no_replica"]
+    assert faults["lost_mid_stream"] > 0
 
 
 def test_requests_lost_before_their_first_token_are_retried_elsewhere() -> None:
@@ -72,13 +126,31 @@ def test_requests_lost_before_their_first_token_are_retried_elsewhere() -> None:
     assert all(r.replica == 1 for r in served_after)
 
 
-def test_a_pool_with_every_replica_down_answers_errors_not_hangs() -> None:
+def test_a_pool_with_every_replica_down_holds_requests_until_it_is_back() -> None:
     sim = run(fleet(1), "crash:replica=llama-3.1-8b-0,at=3,startup_s=10", n=200)
-    report = sim.report({})
-    assert report["faults"]["no_replica"] > 0
+    faults = sim.report({})["faults"]
+    assert faults["no_replica"] == faults["hold_timeouts"] == 0
+    assert faults["held"] > 50
+    log = sim.harness.recorder.log
+    assert not [r for r in log if r.failed and r.replica == -1]  # none refused
+    held = [r for r in log if 3.5 <= r.arrival_s < 13.0]
+    assert held
+    assert all(r.first_token_s is not None and r.first_token_s >= 13.0 for r in held)
+
+
+def test_a_pool_down_past_the_hold_timeout_answers_errors_not_hangs() -> None:
+    config = parse_fleet(
+        {
+            "models": [{"name": "llama-3.1-8b", "replicas": 1}],
+            "gateway": {"autoscaler": {"hold_timeout": 2.0}},
+        }
+    )
+    sim = run(config, "crash:replica=llama-3.1-8b-0,at=3,startup_s=10", n=200)
+    faults = sim.report({})["faults"]
+    assert faults["hold_timeouts"] > 0
     errors = [r for r in sim.harness.recorder.log if r.failed and r.replica == -1]
-    assert errors
-    assert all(3.0 <= r.arrival_s <= 13.0 + 1.0 for r in errors)
+    assert len(errors) == faults["hold_timeouts"]
+    assert all(3.0 <= r.arrival_s <= 13.0 - 2.0 for r in errors)
 
 
 def test_slow_replica_is_slower_only_while_slow() -> None:

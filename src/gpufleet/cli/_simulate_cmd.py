@@ -167,6 +167,13 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{faults['retries']:,} retries",
             )
         )
+        rows.append(
+            (
+                "resumed streams",
+                f"{faults['resumed_streams']:,} "
+                f"(+{faults['resume_prefill_tokens']:,} prompt tokens re-prefilled)",
+            )
+        )
         ejections = faults["ejections"]
         rows.append(
             (

@@ -334,6 +334,19 @@ def open_tenancy(config: FleetConfig) -> Tenancy | None:
     return Tenancy(config, store, admin_key=admin)
 
 
+def open_batch_store(config: FleetConfig, tenancy: Tenancy | None) -> Store | None:
+    """The store of the Batch API's files and batches: the tenancy's with auth on; with auth
+    off the same database, opened for them alone (``gateway.batch.enabled: false``: none)."""
+    if not config.gateway.batch.enabled:
+        return None
+    if tenancy is not None:
+        return tenancy.store
+    store = Store.open(config.tenants.database_url)
+    where = store.engine.url.render_as_string(hide_password=True)
+    typer.echo(f"batches: files and batches in {where}")
+    return store
+
+
 def spare_warnings(config: FleetConfig, snapshot: RuntimeSnapshot) -> list[str]:
     """One ``warning:`` line per pool that starts without a spare replica for N+1."""
     lines = []
@@ -402,6 +415,7 @@ async def _serve(
                 tenancy=tenancy,
                 record=serving.record,
                 actions=RuntimeActuator(runtime),  # operators' drains (the console)
+                store=open_batch_store(config, tenancy),
             )
             if serving.record is not None:
                 typer.echo(f"recording control events to {serving.record.name}")
@@ -497,6 +511,7 @@ async def _serve_operator(
                 actuator=ClusterActuator(runtime) if scaled else None,
                 tenancy=tenancy,
                 record=serving.record,
+                store=open_batch_store(config, tenancy),
             )
             await _serve_gateway(config, app, serving)
     finally:

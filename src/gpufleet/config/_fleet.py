@@ -297,7 +297,8 @@ class Timeouts(_Strict):
 
 
 class RetryConfig(_Strict):
-    """Retries of failures before the first byte, on the next replica of the ranking."""
+    """Retries of failures before the first byte, on the next replica of the ranking, and
+    resumes of streams that broke after it."""
 
     max_retries: int = Field(2, ge=0)
     """Further attempts per request after the first."""
@@ -306,6 +307,13 @@ class RetryConfig(_Strict):
     budget), so a failing fleet does not double its own load …"""
     min_retry_concurrency: int = Field(3, ge=0)
     """… but this many retries at once are always allowed."""
+    max_resumes: int = Field(2, ge=0)
+    """Times one stream that broke after its first byte is resumed on another replica (the
+    gateway splices the continuation into the client's stream; docs/gateway.md, "Resuming a
+    stream"). 0: a broken stream ends with an error event. Resumes do not draw on the retry
+    budget."""
+    resume_within: float = Field(300.0, gt=0.0)
+    """Seconds after its arrival past which a broken stream is no longer resumed."""
 
 
 class AutoscalerConfig(_Strict):
@@ -320,6 +328,28 @@ class AutoscalerConfig(_Strict):
     hold_timeout: float = Field(60.0, gt=0.0)
     """Longest wait of a held request for a ready replica; then a 503 with ``Retry-After``.
     A cold start takes ``startup.provision`` + the engine's load: set this above it."""
+
+
+class BatchConfig(_Strict):
+    """The Batch API (``/v1/files``, ``/v1/batches``) and the runner that feeds batch lines
+    through the gateway's own request path (docs/batch.md)."""
+
+    enabled: bool = True
+    """Serve the routes and run the runner. They need a store: with auth on the tenants'
+    one; with auth off ``gpufleet up`` opens the same database (``tenants.database_url``,
+    ``$GPUFLEET_DB_URL`` or SQLite in ``$GPUFLEET_HOME``) for them."""
+    lines_in_flight: int = Field(32, ge=1)
+    """Lines of one batch this gateway runs at once (each an in-process request in the
+    ``batch`` admission class)."""
+    lease: float = Field(30.0, gt=0.0)
+    """Seconds a claimed line stays this gateway's without a renewal (renewed every third
+    of it while it runs): a gateway killed mid-line gives its lines back this long after."""
+    poll_interval: float = Field(1.0, gt=0.0)
+    """Seconds between two looks for batches to run (new, cancelled, expired, or lines
+    another gateway gave back); a batch created through this gateway starts at once."""
+    max_backoff: float = Field(30.0, gt=0.0)
+    """Longest wait before a line refused for now (429 quota, 503 no room) is tried again;
+    the waits double from ``Retry-After`` (or 0.5 s) up to it."""
 
 
 class TLSConfig(_Strict):
@@ -364,6 +394,8 @@ class GatewayConfig(_Strict):
     concurrency) live there, so N gateways hold a tenant to one limit (docs/tenants.md).
     With it, ``gpufleet deploy k8s`` runs two gateway replicas. Routing load, health and the
     admission queue stay in each gateway's memory."""
+    batch: BatchConfig = BatchConfig()
+    """The Batch API and its runner (docs/batch.md)."""
     metrics_allow: tuple[str, ...] = ()
     """Client networks (CIDR, ``127.0.0.1/32``, ``10.0.0.0/8``, ``::1/128``) that read
     ``/metrics`` without a credential when auth is on, so Prometheus needs no key (default:

@@ -86,13 +86,17 @@ class Arrived:
     """A request may start (it passed auth and quotas): admit it, then route it.
 
     ``priority`` indexes :data:`~gpufleet.policy.CLASSES`; ``deadline`` bounds its wait in
-    the admission queue (``None``: the pool's ``max_wait``).
+    the admission queue (``None``: the pool's ``max_wait``). ``resumable``: the shell can
+    continue its answer on another replica if its stream breaks after the first byte (a
+    stream of one choice that asks for nothing a continuation would change; the gateway's
+    rule is in docs/gateway.md, "Resuming a stream"; every simulated request is one).
     """
 
     request: RouteRequest
     priority: int = 0
     weight: float = 1.0
     deadline: float | None = None
+    resumable: bool = False
 
     @property
     def model(self) -> str:
@@ -102,7 +106,7 @@ class Arrived:
 @dataclass(frozen=True, slots=True)
 class AttemptFailed:
     """The request's attempt on its replica failed; ``streamed``: after its first byte
-    reached the client (no retry then)."""
+    reached the client (no retry then; a resume, if the request is resumable)."""
 
     model: str
     request_id: str
@@ -151,10 +155,13 @@ Event = (
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Send request ``request_id`` to ``replica`` (``retry``: not its first attempt).
+    """Send request ``request_id`` to ``replica`` (``retry``: a retry of an attempt that
+    failed before the first byte).
 
-    ``policy``, ``panic`` and ``matched`` say how the router chose, ``held`` that it waited
-    for a replica at an empty pool first (metrics)."""
+    ``resume``: its stream broke after the first byte; continue it there (the prompt plus
+    what the client already has, spliced into the same stream). ``policy``, ``panic`` and
+    ``matched`` say how the router chose, ``held`` that it waited for a replica at an empty
+    pool first (metrics)."""
 
     request_id: str
     replica: ReplicaId
@@ -163,6 +170,7 @@ class Route:
     panic: bool = False
     matched: int = 0
     held: bool = False
+    resume: bool = False
 
 
 class RejectReason:
@@ -176,7 +184,9 @@ class RejectReason:
     EXHAUSTED: Final = "exhausted"
     """Every candidate failed, or the retry budget refused the next retry."""
     BROKEN: Final = "broken"
-    """Its stream broke after the first byte: the client has an error event."""
+    """Its stream broke after the first byte and is not resumed (not resumable, no
+    resumes left, past ``resume_within``, or no other replica): the client has an error
+    event."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +243,10 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
         case Standbys(model=model, standbys=standbys):
             rows = [[s.id, s.ready, s.since] for s in standbys]
             return {"kind": "standbys", "model": model, "standbys": rows}
-        case Arrived(request=r, priority=priority, weight=weight, deadline=deadline):
-            return {
+        case Arrived(
+            request=r, priority=priority, weight=weight, deadline=deadline, resumable=resumable
+        ):
+            line: dict[str, Any] = {
                 "kind": "arrived",
                 "model": r.model,
                 "id": r.request_id,
@@ -246,6 +258,9 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
                 "weight": weight,
                 "deadline": deadline,
             }
+            if resumable:  # absent: not resumable (and recordings made before resumes)
+                line["resumable"] = True
+            return line
         case AttemptFailed(model=model, request_id=rid, outcome=outcome, streamed=streamed):
             return {
                 "kind": "failed",
@@ -288,7 +303,11 @@ def _arrived(d: dict[str, Any]) -> Arrived:
     )
     deadline = d["deadline"]
     return Arrived(
-        request, int(d["priority"]), float(d["weight"]), None if deadline is None else deadline
+        request,
+        int(d["priority"]),
+        float(d["weight"]),
+        None if deadline is None else deadline,
+        bool(d.get("resumable", False)),
     )
 
 
@@ -324,8 +343,11 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
 def command_to_json(command: Command) -> dict[str, Any]:
     """The command as a JSON-ready dict: the decision log's line."""
     match command:
-        case Route(request_id=rid, replica=replica, retry=retry):
-            return {"do": "route", "id": rid, "replica": replica, "retry": retry}
+        case Route(request_id=rid, replica=replica, retry=retry, resume=resume):
+            line = {"do": "route", "id": rid, "replica": replica, "retry": retry}
+            if resume:  # absent: not a resume (and recordings made before resumes)
+                line["resume"] = True
+            return line
         case Reject(request_id=rid, reason=reason, budget=budget):
             return {"do": "reject", "id": rid, "reason": reason, "budget": budget}
         case Probe(model=model, replica=replica):

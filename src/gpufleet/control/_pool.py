@@ -19,9 +19,14 @@ A request's life (conserved: every ``Arrived`` ends in exactly one final command
     Arrived ─► admission ─┬─ starts now ─────────────────┐
                           └─ queued ─► admitted (pump) ───┤        (or Reject: shed, expired)
                                                           ▼
-               rank ─► Route(first candidate) ◄─── held while the pool has no replica
-                          │                          (autoscaled pools; Reject on timeout)
-           AttemptFailed ─┼─► Route(next candidate, retry)  within max_retries and budget
+               rank ─► Route(first candidate) ◄─── held while the pool has no routable
+                          │                          replica but one is on its way (starting,
+                          │                          or an autoscaled pool; Reject on timeout)
+           AttemptFailed ─┼─► Route(next candidate, retry)  before the first byte: within
+                          │                          max_retries; from the retry budget
+                          │                          unless the replica is gone
+                          ├─► Route(another replica, resume) after it: resumable, within
+                          │                                  max_resumes and resume_within
                           └─► Reject(exhausted | broken)
            Finished ──────► leaves: admission pumps the queue
 """
@@ -85,6 +90,10 @@ ANONYMOUS: Final = "anonymous"
 """The tenant of a request that names none."""
 _LEAVING: Final = frozenset({ReplicaState.DRAINING, ReplicaState.STOPPED})
 """Runtime states of a replica that takes no new attempt (a retry included)."""
+_DEAD: Final = frozenset({ReplicaState.FAILED, ReplicaState.STOPPED})
+"""Runtime states of a replica whose process is gone (crashed, or stopped)."""
+_OUT: Final = frozenset({ReplicaState.EJECTED, ReplicaState.FAILED})
+"""Routing states of a replica health has taken out (ejected, or failing its checks)."""
 _QUEUED, _HELD, _ROUTED = 0, 1, 2
 
 
@@ -92,18 +101,38 @@ class _Request:
     """A request the pool knows, from its arrival until it leaves (a plain class: one is
     made per request, on the hot path)."""
 
-    __slots__ = ("candidates", "hold_until", "phase", "replica", "request", "retry", "ticket")
+    __slots__ = (
+        "arrived_at",
+        "candidates",
+        "hold_until",
+        "phase",
+        "replica",
+        "request",
+        "resumable",
+        "resumes",
+        "retry",
+        "ticket",
+        "tried",
+    )
 
-    def __init__(self, request: RouteRequest, ticket: Ticket | None) -> None:
+    def __init__(
+        self, request: RouteRequest, ticket: Ticket | None, now: float, resumable: bool
+    ) -> None:
         self.request = request
         self.ticket = ticket
+        self.arrived_at = now
+        self.resumable = resumable
+        self.resumes = 0
+        """Times its stream was resumed on another replica."""
         self.phase = _QUEUED
         self.replica: ReplicaId | None = None
         self.candidates: list[ReplicaId] = []
         """Where a retry may go next, best first."""
         self.retry = False
-        """Its attempt in flight is a retry (counted in ``active_retries``)."""
+        """Its attempt in flight is a retry drawn from the budget (in ``active_retries``)."""
         self.hold_until = 0.0
+        self.tried: list[ReplicaId] | None = None
+        """The replicas whose attempts failed (made at the first failure)."""
 
 
 @dataclass(slots=True)
@@ -116,12 +145,16 @@ class PoolCounters:
     matched_blocks: int = 0
     """Prefix blocks the router believed cached on the replicas it picked."""
     retries: int = 0
+    free_retries: int = 0
+    """Retries of an attempt whose replica was gone (not drawn from the budget)."""
     retries_refused: int = 0
     rejected: int = 0
     no_replica: int = 0
     """Requests no replica could take (none routable, or every candidate failed)."""
     broken: int = 0
-    """Streams that broke after their first byte."""
+    """Streams that broke after their first byte and were not resumed."""
+    resumes: int = 0
+    """Streams that broke after their first byte and were resumed on another replica."""
     shed: int = 0
     expired: int = 0
     held: int = 0
@@ -157,6 +190,7 @@ class PoolController:
         self.in_flight = 0
         """Requests admitted and not yet ended (held ones too): the retry budget's base."""
         self.active_retries = 0
+        """Retries in flight drawn from the budget (a gone replica's retries are not)."""
         self.attempts: dict[ReplicaId, int] = {}
         """Attempts in flight per replica: the autoscaler's in-flight count."""
         self.standbys: tuple[Standby, ...] = ()
@@ -288,10 +322,20 @@ class PoolController:
         replicas = event.replicas
         old = self._seen
         fresh = {r.id: r for r in replicas}
+        checked: list[ReplicaId] = []
         for r in replicas:
             was = old.get(r.id)
-            if r.incarnation is not None and (was is None or was.incarnation != r.incarnation):
+            new_process = r.incarnation is not None and (
+                was is None or was.incarnation != r.incarnation
+            )
+            if new_process:
                 self._restarted.add(r.id)  # a new process: its checks start over
+            if (
+                r.state is ReplicaState.READY
+                and r.incarnation is not None
+                and (was is None or new_process or was.state is not ReplicaState.READY)
+            ):
+                checked.append(r.id)  # the runtime just saw this process answer /health
         for gone in old.keys() - fresh.keys():
             self._loads.pop(gone, None)
             self._views.pop(gone, None)
@@ -302,7 +346,12 @@ class PoolController:
         )
         restarted = bool(self._restarted)
         self._decide_health(now, out)
-        if restarted:
+        for replica in checked:
+            # the runtime reports READY only after its own health check passed: that is the
+            # process's first passing check (the reset above came first), so a replica the
+            # runtime has seen healthy is routable at once; active checks go on from here
+            self.health.on_event(now, ProbeResult(replica, True))
+        if restarted or checked:
             self._decide_health(now, out)  # the new process's first probe, at once
 
     def _runtime_state(self, seen: ReplicaSeen) -> ReplicaState:
@@ -354,7 +403,7 @@ class PoolController:
         self._scale_arrivals += 1
         admission = self.admission
         if admission is None:
-            req = _Request(request, None)
+            req = _Request(request, None, now, event.resumable)
             self._requests[request.request_id] = req
             self.in_flight += 1
             self._route(now, req, out)
@@ -369,7 +418,7 @@ class PoolController:
             deadline,
             now,
         )
-        req = _Request(request, ticket)
+        req = _Request(request, ticket, now, event.resumable)
         self._requests[request.request_id] = req
         if admission.enter(ticket, self.routable()):
             self.in_flight += 1
@@ -404,7 +453,7 @@ class PoolController:
             r for r in islice(chain.from_iterable(ranking.tiers), self._tries) if r in reachable
         ]
         if not candidates:
-            if not ranking.tiers and self.settings.holds:
+            if not ranking.tiers and self.settings.hold_requests > 0 and self._coming():
                 self._hold(now, req, out)
                 return
             self.counters.no_replica += 1
@@ -420,6 +469,18 @@ class PoolController:
         self._start(now, req, replica, retry=False)
         rid = req.request.request_id
         out.append(Route(rid, replica, False, ranking.policy, ranking.panic, matched, held))
+
+    def _coming(self) -> bool:
+        """Whether a routable replica may be on its way: the pool is autoscaled (it scales
+        from zero), or one of its replicas is starting (a process being launched or
+        restarted, or up and not yet checked). Only then does a request wait for one."""
+        if self.settings.holds:
+            return True
+        seen = self._seen
+        return any(
+            view.state is ReplicaState.STARTING and seen[view.id].state not in _LEAVING
+            for view in self.view.replicas()
+        )
 
     def _start(self, now: float, req: _Request, replica: ReplicaId, *, retry: bool) -> None:
         req.phase, req.replica, req.retry = _ROUTED, replica, retry
@@ -449,38 +510,119 @@ class PoolController:
     def _failed(
         self, now: float, req: _Request, outcome: Outcome, streamed: bool, out: list[Command]
     ) -> None:
-        """An attempt failed: retry on the next candidate (before the first byte, within
-        the retry budget), else the request ends in an error. Health decides after."""
+        """An attempt failed: retry on the next candidate (before the first byte; from the
+        retry budget unless its replica is gone) or resume on another replica (after it),
+        else the request ends in an error. Health decides after."""
+        broken = req.replica
         decide = self._end_attempt(now, req, outcome)
         if streamed:
-            self.counters.broken += 1
-            self._finish(req, RejectReason.BROKEN, out)
+            assert broken is not None
+            self._resume(now, req, broken, out)
         else:
-            self._retry(now, req, out)
+            self._retry(now, req, broken, outcome, out)
         if decide:
             self._decide_health(now, out)
 
-    def _retry(self, now: float, req: _Request, out: list[Command]) -> None:
+    def _replica_gone(self, replica: ReplicaId, outcome: Outcome) -> bool:
+        """Whether ``replica`` failed because it is gone rather than overloaded: the
+        connection was refused or reset before an answer (``CONNECT_FAILURE``), the runtime
+        says its process is gone, or health has taken it out. Retrying such a failure adds
+        no load to a struggling replica, so it does not draw on the retry budget; a timeout
+        or a 5xx from a replica still in service does (docs/design/retries.md)."""
+        if outcome is Outcome.CONNECT_FAILURE:
+            return True
+        seen = self._seen.get(replica)
+        if seen is None or seen.incarnation is None or seen.state in _DEAD:
+            return True
+        view = self._views.get(replica)
+        return view is not None and view.state in _OUT
+
+    def _retry(
+        self,
+        now: float,
+        req: _Request,
+        failed: ReplicaId | None,
+        outcome: Outcome,
+        out: list[Command],
+    ) -> None:
+        """Send the request to a replica it has not tried, if it has retries left (at most
+        ``max_retries``). A retry after a gone replica's failure is free; any other draws on
+        the retry budget, and is refused when the budget is spent (docs/design/retries.md)."""
+        assert failed is not None
+        tried = req.tried
+        if tried is None:
+            tried = req.tried = [failed]
+        else:
+            tried.append(failed)
+        replica = self._next_candidate(now, req, tried)
+        if replica is None:
+            self.counters.no_replica += 1
+            self._finish(req, RejectReason.EXHAUSTED, out)
+            return
+        free = self._replica_gone(failed, outcome)
         retry = self.settings.retry
+        if not free and not retry_allowed(
+            self.active_retries,
+            self.in_flight,
+            budget_percent=retry.budget_percent,
+            min_retry_concurrency=retry.min_retry_concurrency,
+        ):
+            self.counters.retries_refused += 1
+            self._finish(req, RejectReason.EXHAUSTED, out, budget=True)
+            return
+        self.counters.retries += 1
+        if free:
+            self.counters.free_retries += 1
+        self._start(now, req, replica, retry=not free)
+        out.append(Route(req.request.request_id, replica, True, "", False, 0))
+
+    def _next_candidate(
+        self, now: float, req: _Request, tried: list[ReplicaId]
+    ) -> ReplicaId | None:
+        """The next reachable candidate of the request's ranking; when those are used up
+        (the ranking was made while fewer replicas were routable), the best reachable
+        replica of a new ranking that it has not tried. ``None``: none, or no retry left
+        (``1 + max_retries`` attempts in all, each on another replica)."""
+        reachable = self._reachable
         while req.candidates:
             replica = req.candidates.pop(0)
-            if replica not in self._reachable:
-                continue
-            if not retry_allowed(
-                self.active_retries,
-                self.in_flight,
-                budget_percent=retry.budget_percent,
-                min_retry_concurrency=retry.min_retry_concurrency,
-            ):
-                self.counters.retries_refused += 1
-                self._finish(req, RejectReason.EXHAUSTED, out, budget=True)
-                return
-            self.counters.retries += 1
-            self._start(now, req, replica, retry=True)
-            out.append(Route(req.request.request_id, replica, True, "", False, 0))
-            return
-        self.counters.no_replica += 1
-        self._finish(req, RejectReason.EXHAUSTED, out)
+            if replica in reachable:
+                return replica
+        if len(tried) >= self._tries:
+            return None
+        ranking = self.router.rank(now, req.request, self.view)
+        self.counters.routed += 1
+        for replica in chain.from_iterable(ranking.tiers):
+            if replica in reachable and replica not in tried:
+                return replica
+        return None
+
+    def _resume(self, now: float, req: _Request, broken: ReplicaId, out: list[Command]) -> None:
+        """A stream broke after its first byte: continue it on the best reachable replica of
+        a fresh ranking other than ``broken`` (a resumable request, at most ``max_resumes``
+        times, within ``resume_within`` of its arrival; no retry budget: the client is
+        mid-answer, and resumes are bounded per request), else it ends in an error event."""
+        retry = self.settings.retry
+        if (
+            req.resumable
+            and req.resumes < retry.max_resumes
+            and now - req.arrived_at <= retry.resume_within
+        ):
+            ranking = self.router.rank(now, req.request, self.view)
+            reachable = self._reachable
+            for replica in chain.from_iterable(ranking.tiers):
+                if replica != broken and replica in reachable:
+                    req.resumes += 1
+                    self.counters.resumes += 1
+                    req.candidates = []
+                    self._start(now, req, replica, retry=False)
+                    rid = req.request.request_id
+                    out.append(
+                        Route(rid, replica, False, ranking.policy, ranking.panic, resume=True)
+                    )
+                    return
+        self.counters.broken += 1
+        self._finish(req, RejectReason.BROKEN, out)
 
     def _hold(self, now: float, req: _Request, out: list[Command]) -> None:
         settings = self.settings

@@ -33,7 +33,8 @@ class PoolSettings:
     autoscale: AutoscaleConfig | None
     autoscale_interval: float = 1.0
     hold_requests: int = 0
-    """Requests an autoscaled pool with no routable replica holds (scale from zero)."""
+    """Requests a pool with no routable replica holds while one is on its way (a replica
+    starting, or an autoscaled pool scaling from zero); 0: none."""
     hold_timeout: float = 60.0
 
     @classmethod
@@ -83,5 +84,6 @@ class PoolSettings:
 
     @property
     def holds(self) -> bool:
-        """A request that finds no routable replica waits for one (an autoscaled pool)."""
+        """A request that finds no routable replica waits for one even when none is
+        starting (an autoscaled pool: it scales from zero)."""
         return self.autoscale is not None and self.hold_requests > 0

@@ -6,9 +6,14 @@
     uvicorn.run(app)      # lifespan on: the prober and the scraper run in its TaskGroup
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (proxied, SSE passed through
-chunk by chunk), ``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``. Every
+chunk by chunk), ``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``, and
+with a store the Batch API's ``/v1/files`` and ``/v1/batches`` (``_batches_api``). Every
 response carries ``x-request-id`` (the client's, or a new one). Errors are mapped once, in
 :meth:`Gateway._answer_error` (the tree is in ``_errors``).
+
+The batch runner (``_batch_runner``) sends each batch line through this app in-process
+(``_inprocess.call_app``): the same path as an HTTP request, its principal already in the
+scope (``BATCH_LINE``), so it is not authenticated again.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from gpufleet.fleet import Outcome, RouteRequest, text_prefix_hashes
 from gpufleet.gateway._admin import AdminApi
 from gpufleet.gateway._admin_fleet import FleetActions
 from gpufleet.gateway._autoscale import ScaleActuator, ScaleExecutor
+from gpufleet.gateway._batch_runner import BatchService
+from gpufleet.gateway._batches_api import batch_path
 from gpufleet.gateway._console import serve_console
 from gpufleet.gateway._control import LiveControl
 from gpufleet.gateway._errors import (
@@ -49,11 +56,13 @@ from gpufleet.gateway._errors import (
 from gpufleet.gateway._http11 import Http11ReplicaClient
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, Upstream
+from gpufleet.gateway._resume import StreamResume, ask_for_token_ids, resumable
 from gpufleet.gateway._server import MAX_BODY
-from gpufleet.gateway._tenancy import OPEN_PATHS, Admitted, Tenancy, metered
+from gpufleet.gateway._tenancy import BATCH_LINE, OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._tls import ReplicaTLS
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
 from gpufleet.gateway._watch import FleetWatch
+from gpufleet.store import Store
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -87,6 +96,7 @@ class Gateway:
         tenancy: Tenancy | None = None,
         record: IO[str] | None = None,
         actions: FleetActions | None = None,
+        store: Store | None = None,
     ) -> None:
         self.config = config
         self.tenancy = tenancy
@@ -115,11 +125,24 @@ class Gateway:
         """``/admin`` by role, the console's JSON, the ``/metrics`` guard (docs/console.md)."""
         if record is not None:
             self.control.record(record)
+        store = store or (None if tenancy is None else tenancy.store)
+        self.batches = None
+        """``/v1/files``, ``/v1/batches`` and their runner (docs/batch.md): on with a store."""
+        if store is not None and config.gateway.batch.enabled:
+            self.batches = BatchService(
+                config.gateway.batch,
+                store,
+                self,
+                registry,
+                tenancy=tenancy,
+                body_timeout=config.gateway.timeouts.request_body,
+            )
         self._created = int(time.time())
         self._id_prefix = os.urandom(8).hex()
         self._count = 0
         gateway = config.gateway
         self._timeouts = gateway.timeouts
+        self._resumes = gateway.retry.max_resumes > 0
         self._scraped = frozenset(
             m.name for m in config.models if PoolSettings.of(config, m, admission=admitting).scraped
         )
@@ -165,7 +188,7 @@ class Gateway:
             if path.startswith(_OPERATORS):  # own credentials and roles, auth on or off
                 await self._operators(scope, receive, send, rid)
                 return
-            if tenancy is not None and path not in OPEN_PATHS:
+            if tenancy is not None and path not in OPEN_PATHS and BATCH_LINE not in scope:
                 self.admin.authorize(scope, path)  # a tenant's key (/metrics: or more)
             chat = _COMPLETIONS.get(path)
             if chat is not None:
@@ -174,6 +197,8 @@ class Gateway:
                 await self._completion(
                     chat, path, scope, receive, send, request_id=request_id, rid=rid
                 )
+            elif self.batches is not None and batch_path(path):
+                await self.batches.api.handle(scope, receive, send, rid)
             else:
                 await self._get(method, path, send, rid)
         except GatewayError as error:
@@ -256,6 +281,8 @@ class Gateway:
                         scrape = self.control.scrape_loop(self._scraped)
                         loops.append(tg.create_task(scrape, name="gateway-scrape"))
                     loops.append(tg.create_task(self.watch.run(self._client), name="watch"))
+                    if self.batches is not None:  # in-process requests: after the client
+                        loops.append(tg.create_task(self.batches.runner.run(), name="batches"))
                     await send({"type": "lifespan.startup.complete"})
                     await receive()  # lifespan.shutdown
                     self.control.stop()  # no more probes into the closing group
@@ -315,6 +342,10 @@ class Gateway:
                     prompt_estimate=request.prompt_tokens,
                 )
                 request = dataclasses.replace(request, tenant=admitted.principal.tenant)
+            stream = None
+            if self._resumes and resumable(chat, payload):
+                body = ask_for_token_ids(body)  # what a resume by token ids needs
+                stream = StreamResume(chat, payload, request.prompt_tokens)
             status = await self._route(
                 path,
                 scope,
@@ -325,6 +356,7 @@ class Gateway:
                 rid=rid,
                 arrived=arrived,
                 admitted=admitted,
+                resume=stream,
             )
         except asyncio.CancelledError:
             if not watch.stop():
@@ -352,16 +384,21 @@ class Gateway:
         rid: Header,
         arrived: float,
         admitted: Admitted | None = None,
+        resume: StreamResume | None = None,
     ) -> int:
         """The request's walk as its pool controller decides it: admission, then an attempt
-        on each replica it routes to, until one answers or it is refused. Every way out
-        ends the request in the controller once (a Reject, Finished, or ClientGone)."""
+        on each replica it routes to, until one answers or it is refused; a stream that can
+        ``resume`` and breaks goes on where the controller resumes it. Every way out ends the
+        request in the controller once (a Reject, Finished, or ClientGone)."""
         control, metrics = self.control, self.metrics
         model, request_id = request.model, request.request_id
         priority, weight, deadline = (0, 1.0, None) if admitted is None else admitted.admission
         ended = False
+        state = resume
         try:
-            decision = await control.arrive(request, priority, weight, deadline)
+            decision = await control.arrive(
+                request, priority, weight, deadline, resumable=state is not None
+            )
             if isinstance(decision, Route):
                 self._routed(model, decision, arrived, admitted)
             stream = payload.get("stream") is True
@@ -374,21 +411,28 @@ class Gateway:
                 assert upstream.url is not None
                 if admitted is not None:
                     admitted.replica = replica
-                upstream_request = UpstreamRequest(upstream.url, path, body, headers)
                 in_flight = metrics.child(metrics.in_flight, replica)
                 in_flight.inc()
                 outcome = Outcome.CANCELLED
                 try:
-                    status, outcome, broke = await self._attempt(
-                        upstream_request,
-                        stream,
-                        send,
-                        rid=rid,
-                        model=model,
-                        arrived=arrived,
-                        admitted=admitted,
-                        relays=relays,
-                    )
+                    if decision.resume:
+                        assert state is not None
+                        resumed = UpstreamRequest(upstream.url, path, state.body, headers)
+                        status, outcome, broke = await self._resume(
+                            resumed, state, send, admitted=admitted
+                        )
+                    else:
+                        status, outcome, broke = await self._attempt(
+                            UpstreamRequest(upstream.url, path, body, headers),
+                            stream,
+                            send,
+                            rid=rid,
+                            model=model,
+                            arrived=arrived,
+                            admitted=admitted,
+                            relays=relays,
+                            state=state,
+                        )
                 except UpstreamError as failure:
                     outcome, last = failure.outcome, failure
                     decision = control.failed(model, request_id, outcome)
@@ -399,17 +443,55 @@ class Gateway:
                     if replica not in control.upstreams:  # it left while this ran
                         metrics.forget_replica(replica)
                 ended = True
-                if broke:  # the client has an error event; the controller counts it
-                    control.failed(model, request_id, outcome, streamed=True)
-                else:
-                    control.finished(model, request_id, outcome, _work(admitted))
-                return status
+                after = await self._after(
+                    model, request_id, (status, outcome, broke), state, send, admitted
+                )
+                if not isinstance(after, Route):
+                    return after
+                decision, ended = after, False
             ended = True
             raise control.refusal(model, decision, last)
         except BaseException:
             if not ended:  # the client left (or a bug): the controller lets it go
                 control.gone(model, request_id)
             raise
+
+    async def _after(  # noqa: PLR0917 - an attempt's end, as _route has it
+        self,
+        model: str,
+        request_id: str,
+        attempt: tuple[int, Outcome, bool],
+        state: StreamResume | None,
+        send: Send,
+        admitted: Admitted | None,
+    ) -> Route | int:
+        """An attempt that reached the client ended: the request's status, or the Route of
+        a resume (a resumable stream that broke, and the controller resumes it)."""
+        control, metrics = self.control, self.metrics
+        status, outcome, broke = attempt
+        if not broke:
+            control.finished(model, request_id, outcome, _work(admitted))
+            if state is not None and state.resumes:
+                metrics.child(metrics.resumed_prompt_tokens, model).inc(state.resent())
+            return status
+        if state is None:  # the client has an error event; the controller counts it
+            control.failed(model, request_id, outcome, streamed=True)
+            return status
+        if state.complete():  # it broke after the answer's end: the client has it
+            await self._end_answered(send, state, admitted)
+            control.finished(model, request_id, outcome, _work(admitted))
+            return 200
+        decision = control.failed(model, request_id, outcome, streamed=True)
+        if isinstance(decision, Route) and state.next_body():
+            metrics.child(metrics.resumes, model, "resumed").inc()
+            return decision
+        if isinstance(decision, Route):  # routed on, but not splicable: let it go
+            control.finished(model, request_id, Outcome.CANCELLED)
+        metrics.child(metrics.resumes, model, "broken").inc()
+        if state.resumes:
+            metrics.child(metrics.resumed_prompt_tokens, model).inc(state.resent())
+        await self._break_stream(send, state.tail, state.failure)
+        return status
 
     def _routed(self, model: str, route: Route, arrived: float, admitted: Admitted | None) -> None:
         """Count a request's routing decision (its first attempt's)."""
@@ -432,17 +514,19 @@ class Gateway:
         arrived: float,
         admitted: Admitted | None = None,
         relays: bool = False,
+        state: StreamResume | None = None,
     ) -> tuple[int, Outcome, bool]:
         """One attempt: its status, outcome, and whether its stream broke after the first
         byte. A failure before the client saw a byte raises ``UpstreamError`` (the caller
-        may retry); one after it ends the stream with an error event.
+        may retry); one after it ends the stream with an error event, or, for a resumable
+        stream (``state``), is left to the caller with what the client got noted there.
 
         ``relays``: the server takes the ``gpufleet.relay`` extension; a stream's rest then
         goes from the replica's socket to the client's without a task step per chunk."""
         assert self._client is not None
         timeouts = self._timeouts
         sent = False
-        tail = b"\n\n"
+        tail = [b"\n\n"]  # the last bytes the client got (set by _pump as it sends)
         try:
             async with asyncio.timeout(timeouts.first_byte) as deadline:
                 async with self._client.send(request) as response:
@@ -467,27 +551,20 @@ class Gateway:
                     )
                     sent = True
                     await send({"type": "http.response.body", "body": first, "more_body": True})
-                    tail = first
+                    tail[0] = first
+                    record = None if state is None else state.sent
+                    if record is not None:
+                        record.append(first)
                     idle = timeouts.idle_stream
                     # a metered stream (auth on) reads every chunk for its usage: no relay
                     if relays and admitted is None and response.relay is not None:
                         deadline.reschedule(None)  # the relay keeps its own idle timeout
-                        tail = b"\n"  # unknown: a blank line first (harmless after an event)
-                        await send({"type": _RELAY, "relay": response.relay, "idle": idle})
+                        tail[0] = b"\n"  # unknown: a blank line first (harmless after an event)
+                        relay = response.relay if state is None else state.tap(response.relay)
+                        await send({"type": _RELAY, "relay": relay, "idle": idle})
                         await send({"type": "http.response.body", "body": b""})
                         return status, outcome, False
-                    # the idle deadline moves at most every idle/2: it falls between idle
-                    # and 1.5 × idle after the last chunk, without a timer per chunk
-                    now_is = asyncio.get_running_loop().time
-                    due = now_is() + 1.5 * idle
-                    deadline.reschedule(due)
-                    async for chunk in chunks:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        tail = chunk
-                        now = now_is()
-                        if due - now < idle:
-                            due = now + 1.5 * idle
-                            deadline.reschedule(due)
+                    await _pump(chunks, send, deadline, idle, record, tail)
                     await send({"type": "http.response.body", "body": b""})
                     return status, outcome, False
         except TimeoutError:
@@ -495,13 +572,76 @@ class Gateway:
                 raise LocalOriginError(
                     "timed out waiting for the replica", Outcome.TIMEOUT
                 ) from None
-            await self._break_stream(send, tail, "the replica stopped streaming (idle timeout)")
+            await self._broke(send, state, tail[0], "the replica stopped streaming (idle timeout)")
             return 502, Outcome.TIMEOUT, True
         except LocalOriginError as failure:
             if not sent:
                 raise
-            await self._break_stream(send, tail, f"the replica's stream broke: {failure}")
+            await self._broke(send, state, tail[0], f"the replica's stream broke: {failure}")
             return 502, failure.outcome, True
+
+    async def _resume(
+        self,
+        request: UpstreamRequest,
+        state: StreamResume,
+        send: Send,
+        *,
+        admitted: Admitted | None = None,
+    ) -> tuple[int, Outcome, bool]:
+        """A resume: the stream goes on from this replica's answer to ``state.body``,
+        spliced into the client's (``_resume.Splice``). Any failure is after the client's
+        first byte: it breaks the stream (the caller asks the controller what next)."""
+        assert self._client is not None
+        timeouts = self._timeouts
+        splice = state.splice
+        assert splice is not None
+        tail = state.tail
+        try:
+            async with asyncio.timeout(timeouts.first_byte) as deadline:
+                async with self._client.send(request) as response:
+                    status = response.status
+                    if status >= 400:
+                        error = await _origin_error(status, response.chunks)
+                        outcome = Outcome.REPLICA_ERROR if status >= 500 else Outcome.CLIENT_ERROR
+                        state.broke(tail, f"the stream could not be resumed: {error}")
+                        return 502, outcome, True
+                    idle = timeouts.idle_stream
+                    now_is = asyncio.get_running_loop().time
+                    due = now_is() + 1.5 * idle
+                    deadline.reschedule(due)
+                    async for chunk in response.chunks:
+                        out = splice.feed(chunk)
+                        if not out:
+                            continue
+                        if admitted is not None and splice.transcript.done:
+                            state.meter(admitted.meter)  # ledgered before the client sees [DONE]
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        tail = out
+                        now = now_is()
+                        if due - now < idle:
+                            due = now + 1.5 * idle
+                            deadline.reschedule(due)
+                    if admitted is not None:
+                        state.meter(admitted.meter)
+                    await send({"type": "http.response.body", "body": b""})
+                    return status, Outcome.SUCCESS, False
+        except TimeoutError:
+            state.broke(tail, "the replica stopped streaming (idle timeout)")
+            return 502, Outcome.TIMEOUT, True
+        except LocalOriginError as failure:
+            state.broke(tail, f"the replica's stream broke: {failure}")
+            return 502, failure.outcome, True
+
+    async def _end_answered(
+        self, send: Send, state: StreamResume, admitted: Admitted | None
+    ) -> None:
+        """A stream whose replica failed after its answer's last token: the client gets the
+        end it was missing (``[DONE]``, after a usage event if it asked for one)."""
+        end = state.ending()
+        if admitted is not None:
+            state.meter(admitted.meter)
+        lead = b"" if state.tail.endswith(b"\n\n") or not state.tail else b"\n\n"
+        await send({"type": "http.response.body", "body": lead + end})
 
     async def _answer_whole(
         self,
@@ -524,6 +664,15 @@ class Gateway:
         headers.append(rid)
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": whole})
+
+    async def _broke(
+        self, send: Send, state: StreamResume | None, tail: bytes, message: str
+    ) -> None:
+        """A stream broke: its error event now, or (resumable) later, if not resumed."""
+        if state is not None:
+            state.broke(tail, message)
+        else:
+            await self._break_stream(send, tail, message)
 
     @staticmethod
     async def _break_stream(send: Send, tail: bytes, message: str) -> None:
@@ -558,6 +707,7 @@ def create_gateway(
     tenancy: Tenancy | None = None,
     record: IO[str] | None = None,
     actions: FleetActions | None = None,
+    store: Store | None = None,
 ) -> Gateway:
     """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
 
@@ -565,7 +715,8 @@ def create_gateway(
     ``actuator``, the models with ``autoscale`` are scaled through it (docs/gateway.md);
     ``tenancy`` turns auth, quotas, admission and the ledger on; ``record`` gets every
     control event and its commands (``gpufleet up --record``, ``gpufleet replay``);
-    ``actions`` lets operators drain replicas from the admin API and the console.
+    ``actions`` lets operators drain replicas from the admin API and the console; ``store``
+    (else the tenancy's) holds the Batch API's files and batches (docs/batch.md).
     """
     return Gateway(
         config,
@@ -577,6 +728,7 @@ def create_gateway(
         tenancy=tenancy,
         record=record,
         actions=actions,
+        store=store,
     )
 
 
@@ -662,6 +814,33 @@ class _DisconnectWatch:
             self._owner.uncancel()
         self._owner = None
         return fired
+
+
+async def _pump(  # noqa: PLR0917 - one stream's parts
+    chunks: AsyncIterator[bytes],
+    send: Send,
+    deadline: asyncio.Timeout,
+    idle: float,
+    record: list[bytes] | None,
+    tail: list[bytes],
+) -> None:
+    """A stream's chunks to the client as they come (noted in ``record``; the last one in
+    ``tail[0]``, so that a break knows what the client got).
+
+    The idle ``deadline`` moves at most every idle/2: it falls between idle and 1.5 × idle
+    after the last chunk, without a timer per chunk."""
+    now_is = asyncio.get_running_loop().time
+    due = now_is() + 1.5 * idle
+    deadline.reschedule(due)
+    async for chunk in chunks:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        tail[0] = chunk
+        if record is not None:
+            record.append(chunk)
+        now = now_is()
+        if due - now < idle:
+            due = now + 1.5 * idle
+            deadline.reschedule(due)
 
 
 async def _origin_error(status: int, chunks: AsyncIterator[bytes]) -> ReplicaOriginError:

@@ -241,11 +241,14 @@ class LiveControl:
         priority: int = 0,
         weight: float = 1.0,
         deadline: float | None = None,
+        *,
+        resumable: bool = False,
     ) -> Decision:
         """The request's first decision: a Route, or a Reject; it may wait (queued, held).
-        Cancelled (the client left): the caller reports :meth:`gone`."""
+        Cancelled (the client left): the caller reports :meth:`gone`. ``resumable``: its
+        stream can be resumed on another replica if it breaks after the first byte."""
         rid = request.request_id
-        self.handle(Arrived(request, priority, weight, deadline), request.model)
+        self.handle(Arrived(request, priority, weight, deadline, resumable), request.model)
         decision = self._early.pop(rid, None)
         if decision is None:
             waiter: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()

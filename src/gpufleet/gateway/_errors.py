@@ -6,7 +6,9 @@
     ├── BadRequestError                    400     invalid_request_error  —
     ├── ModelNotFoundError                 404     not_found_error        —
     ├── RouteNotFoundError                 404     not_found_error        —
+    ├── NotFoundError                      404     not_found_error        —   (a file, a batch)
     ├── MethodNotAllowedError              405     invalid_request_error  —
+    ├── ConflictError                      409     invalid_request_error  —   (batch ended)
     ├── PayloadTooLargeError               413     invalid_request_error  —
     ├── NoReplicaError                     503     service_unavailable    Retry-After
     └── UpstreamError               (an attempt's outcome; never reaches a client as such)
@@ -56,8 +58,22 @@ class RouteNotFoundError(GatewayError):
     type = "not_found_error"
 
 
+class NotFoundError(GatewayError):
+    """A file or batch that does not exist, or is another tenant's."""
+
+    status = 404
+    type = "not_found_error"
+
+
 class MethodNotAllowedError(GatewayError):
     status = 405
+    type = "invalid_request_error"
+
+
+class ConflictError(GatewayError):
+    """The object's state does not allow it (cancelling a batch that already ended)."""
+
+    status = 409
     type = "invalid_request_error"
 
 

@@ -78,6 +78,17 @@ class GatewayMetrics:
             p + "retries", "Attempts after a failure before the first byte.",
             ["model", "outcome"], registry=registry,
         )  # fmt: skip
+        self.resumes = Counter(
+            p + "stream_resumes",
+            "Streams that broke after their first byte, by how it went on: resumed (sent to "
+            "another replica) or broken (ended with an error event).",
+            ["model", "outcome"], registry=registry,
+        )  # fmt: skip
+        self.resumed_prompt_tokens = Counter(
+            p + "resumed_prompt_tokens",
+            "Prompt tokens sent again by resumed streams (the prompt plus what was sent).",
+            ["model"], registry=registry,
+        )  # fmt: skip
         self.retries_refused = Counter(
             p + "retry_budget_exhausted",
             "Retries not made because the retry budget was used up.",

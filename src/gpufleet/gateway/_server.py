@@ -13,8 +13,9 @@ tests), but does per request and per streamed chunk only what the gateway needs:
   (``pause_writing``) makes ``send`` wait for ``resume_writing``;
 * a client that disconnects gets its app an ``http.disconnect`` from ``receive()``
   (the gateway then cancels the upstream request); later ``send`` calls are dropped;
-* limits: request head ``MAX_HEAD`` bytes (431), body ``MAX_BODY`` bytes (413); a malformed
-  request gets 400 and the connection closes;
+* limits: request head ``MAX_HEAD`` bytes (431), body ``MAX_BODY`` bytes (413; ``MAX_UPLOAD``
+  on ``/v1/files``, a batch input file's upload); a malformed request gets 400 and the
+  connection closes;
 * ``Expect: 100-continue`` is answered when the app first reads the body;
 * graceful shutdown: stop accepting, close idle connections, let in-flight requests finish
   within ``graceful_timeout`` (then cancel them), then the lifespan's shutdown;
@@ -67,6 +68,9 @@ MAX_HEAD: Final = 64 * 1024
 """Bytes of request line and headers above which a request gets 431."""
 MAX_BODY: Final = 32 * 1024 * 1024
 """Bytes of request body above which a request gets 413 (the gateway's own limit)."""
+MAX_UPLOAD: Final = 201 * 1024 * 1024
+"""The body limit of ``/v1/files``: a batch input file (at most 200 MiB, the store's
+``MAX_FILE_BYTES``) and its multipart framing. The route checks the file's own limit."""
 KEEP_ALIVE: Final = 75.0
 """Seconds an idle kept-alive connection stays open (nginx's default)."""
 TLS_HANDSHAKE_TIMEOUT: Final = 10.0
@@ -325,6 +329,7 @@ class _Connection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_size = 0
         self.body_size = 0
+        self.body_limit = MAX_BODY
         self.continue_ = False
         self.error: tuple[int, str] | None = None
 
@@ -385,6 +390,7 @@ class _Connection(asyncio.Protocol):
         self.headers = []
         self.head_size = 0
         self.body_size = 0
+        self.body_limit = MAX_BODY
         self.continue_ = False
         self.parsing = None
 
@@ -393,6 +399,8 @@ class _Connection(asyncio.Protocol):
         self.head_size += len(url)
         if self.head_size > MAX_HEAD:
             self._too_large(431, f"request head over {MAX_HEAD} bytes")
+        path = self.url.partition(b"?")[0]
+        self.body_limit = MAX_UPLOAD if path.rstrip(b"/") == b"/v1/files" else MAX_BODY
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.head_size += len(name) + len(value) + 4
@@ -404,9 +412,9 @@ class _Connection(asyncio.Protocol):
         elif (
             name == b"content-length"
             and value.isdigit()
-            and (len(value) > 12 or int(value) > MAX_BODY)
+            and (len(value) > 12 or int(value) > self.body_limit)
         ):
-            self._too_large(413, f"request body over {MAX_BODY} bytes")
+            self._too_large(413, f"request body over {self.body_limit} bytes")
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -456,8 +464,8 @@ class _Connection(asyncio.Protocol):
         if cycle.unread > _BODY_HIGH_WATER:
             self._pause_reading()
         self.body_size += len(body)
-        if self.body_size > MAX_BODY:  # a chunked body over the limit
-            self._too_large(413, f"request body over {MAX_BODY} bytes")
+        if self.body_size > self.body_limit:  # a chunked body over the limit
+            self._too_large(413, f"request body over {self.body_limit} bytes")
         cycle.wake()
 
     def on_message_complete(self) -> None:

@@ -54,6 +54,14 @@ logger = logging.getLogger("gpufleet.gateway")
 OPEN_PATHS: Final = frozenset({"/health", "/ready"})
 PRINCIPAL: Final = "gpufleet.principal"
 """The scope key under which an authenticated request carries its :class:`Principal`."""
+BATCH_LINE: Final = "gpufleet.batch_line"
+"""The scope key of a batch line the runner sends in-process (``_inprocess.call_app``): the
+line's ``batch_req_…`` id. Its :data:`PRINCIPAL` (the batch's owner, in the ``batch`` class)
+comes in the scope too, so the app does not authenticate it; no client can set a scope key."""
+RUN_AGAIN: Final = frozenset({429, 499, 500, 503})
+"""The statuses of a batch line that did not get a replica's answer (a quota, no room,
+cancelled, or an error in the gateway): the runner runs the line again later, so this try
+writes no ledger row. A line's one row is that of the try whose answer it keeps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +104,9 @@ class Admitted:
     """The replica it was last sent to (``None``: never started)."""
     recorded: bool = False
     ledger_id: str = field(default_factory=lambda: os.urandom(12).hex())
+    batch_line: bool = False
+    """A batch line's try: ``ledger_id`` is the line's ``batch_req_…`` id (every try of the
+    line has it, so the ledger keeps one row), and a status in :data:`RUN_AGAIN` writes none."""
 
 
 def admin_key(config: TenantsConfig) -> str | None:
@@ -296,6 +307,9 @@ class Tenancy:
             None,
             Meter(prompt_estimate, False, _no),  # replaced once the request may run
         )
+        line = scope.get(BATCH_LINE)
+        if line is not None:
+            admitted.ledger_id, admitted.batch_line = line, True
         if allowed is not None and model not in allowed:
             self.audit(principal.key_id, "access.denied", model, "denied", {"why": "model"})
             self._record(admitted, 403, started=False)
@@ -335,6 +349,7 @@ class Tenancy:
         usage = admitted.meter.usage
         if admitted.lease is not None:
             spent = usage.total if usage.known else usage.prompt_tokens
+            spent += usage.resumed_prompt_tokens
             self.quotas.release(admitted.lease, spent if started else 0)
             admitted.lease = None
 
@@ -344,6 +359,8 @@ class Tenancy:
         if admitted.recorded:
             return
         admitted.recorded = True
+        if admitted.batch_line and (admitted.status if status is None else status) in RUN_AGAIN:
+            return  # the runner runs the line again: that try is ledgered
         now = self._clock()
         usage = admitted.meter.usage
         first = admitted.first_at

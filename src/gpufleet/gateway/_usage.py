@@ -27,6 +27,9 @@ class Usage:
     completion_tokens: int = 0
     known: bool = False
     """Whether the replica reported it (else the prompt is the gateway's estimate)."""
+    resumed_prompt_tokens: int = 0
+    """Prompt tokens computed again by resumes of its stream (the prompt plus what had
+    been sent, each time; docs/gateway.md, "Resuming a stream"): charged, not in ``total``."""
 
     @property
     def uncached_prompt(self) -> int:

@@ -6,12 +6,14 @@ turns the simulated world into its events and does what it says::
     Arrival          ─► Arrived(RouteRequest: pool, prefix hashes, prompt tokens, tenant)
     replica ends     ─► Finished(work: uncached prompt, output tokens)
     crash            ─► AttemptFailed(streamed: had its first token) · Replicas(no process)
+                        (every request is resumable: Arrived(resumable=True))
     restart / join   ─► Replicas(new incarnation)      drain / leave ─► Replicas
     scrape tick      ─► Scraped(running, waiting, KV usage of each scraped replica)
     Wake @ next_wakeup() ─► Tick
     ─────────────────────────────────────────────────────────────────────────────────────
     Route  ─► drivers[k].submit (at once; from a replica's step end, by a Dispatch event at
-              that instant, since one replica's event may not touch another)
+              that instant, since one replica's event may not touch another); a resume:
+              the prompt plus the tokens generated so far (FleetHarness.submit_resume)
     Reject ─► an error row (the gateway's 503, or a stream cut mid-way)
     Probe  ─► answered at once: ok unless the replica is down
     Scale  ─► the modelled runtime (``gpufleet.sim._autoscale``)
@@ -246,7 +248,7 @@ class SimControl:
         """A replica of ``model`` starts (a cold start): listed as starting, no process."""
         replica = self._new(model, ReplicaState.STARTING, incarnation=None)
         self.replicas.starting[model].append(replica)
-        self._tell(now, self.replicas.seen(model))
+        self._report(now, self.replicas.seen(model))
         return replica.id
 
     def promoting(self, now: float, model: str, replica: ReplicaId) -> None:
@@ -254,7 +256,7 @@ class SimControl:
         entry = SimReplica(replica, model, ReplicaState.STARTING, incarnation=None)
         self.replicas.by_id[replica] = entry
         self.replicas.starting[model].append(entry)
-        self._tell(now, self.replicas.seen(model))
+        self._report(now, self.replicas.seen(model))
 
     def next_name(self, model: str) -> ReplicaId:
         """The name the next replica of ``model`` gets (standbys are named too)."""
@@ -268,7 +270,7 @@ class SimControl:
         if entry is not None and entry in self.replicas.starting[entry.model]:
             self.replicas.starting[entry.model].remove(entry)
             entry.state = ReplicaState.STOPPED
-            self._tell(now, self.replicas.seen(entry.model))
+            self._report(now, self.replicas.seen(entry.model))
 
     def add_replica(self, now: float, model: str, replica: ReplicaId) -> int:
         """``replica`` of ``model`` is up, as the harness's next driver (its index is
@@ -281,7 +283,7 @@ class SimControl:
             self.replicas.starting[model].remove(entry)
         entry.state, entry.incarnation, entry.last_end = ReplicaState.READY, 0, now
         k = self._join(model, entry)
-        self._tell(now, self.replicas.seen(model))
+        self._report(now, self.replicas.seen(model))
         return k
 
     def drain_replica(self, now: float, replica: int) -> None:
@@ -289,7 +291,7 @@ class SimControl:
         entry = self.replicas.by_driver[replica]
         if entry.state is not ReplicaState.STOPPED:
             entry.state = ReplicaState.DRAINING
-            self._tell(now, self.replicas.seen(entry.model))
+            self._report(now, self.replicas.seen(entry.model))
 
     def remove_replica(self, now: float, replica: int) -> None:
         """``replica`` is gone (drained): out of the pool."""
@@ -298,7 +300,7 @@ class SimControl:
             return
         entry.state = ReplicaState.STOPPED
         self.replicas.pools[entry.model].remove(entry)
-        self._tell(now, self.replicas.seen(entry.model))
+        self._report(now, self.replicas.seen(entry.model))
 
     def replica_down(self, now: float, replica: int) -> None:
         """The runtime saw ``replica`` die: no process until :meth:`replica_up`."""
@@ -306,7 +308,7 @@ class SimControl:
         entry.incarnation = None
         if entry.state is not ReplicaState.DRAINING and entry.state is not ReplicaState.STOPPED:
             entry.state = ReplicaState.STARTING
-        self._tell(now, self.replicas.seen(entry.model))
+        self._report(now, self.replicas.seen(entry.model))
 
     def replica_up(self, now: float, replica: int) -> None:
         """``replica`` restarted: a new process, whose checks start over."""
@@ -315,10 +317,10 @@ class SimControl:
         if entry.state is ReplicaState.DRAINING or entry.state is ReplicaState.STOPPED:
             return
         entry.state, entry.incarnation = ReplicaState.READY, entry.restarts
-        self._tell(now, self.replicas.seen(entry.model))
+        self._report(now, self.replicas.seen(entry.model))
 
     def standbys(self, now: float, model: str, standbys: tuple[Standby, ...]) -> None:
-        self._tell(now, Standbys(model, standbys))
+        self._report(now, Standbys(model, standbys))
 
     # -- start ----------------------------------------------------------------------------
 
@@ -332,7 +334,7 @@ class SimControl:
         if any(p.settings.scraped for p in self.control.pools.values()):
             harness.every(self.scrape_interval, self.scrape)
         for model in self.control.pools:
-            self._tell(now, self.replicas.seen(model))
+            self._report(now, self.replicas.seen(model))
 
     def scrape(self, now: float) -> None:
         """One scrape round: every scraped replica's metrics as of ``now`` (one that is
@@ -353,10 +355,20 @@ class SimControl:
                 loads.append(
                     ScrapedLoad(replica, stats.num_running, stats.num_waiting, stats.kv_cache_usage)
                 )
-            self._tell(now, Scraped(model, tuple(loads)))
+            self._report(now, Scraped(model, tuple(loads)))
         self.scrapes += 1
 
     # -- the controller -------------------------------------------------------------------
+
+    def _report(self, now: float, event: ControlEvent) -> None:
+        """Hand the controller what the runtime or a scrape saw, where no caller takes events
+        back: what its commands start (a held request routed to a replica that just became
+        routable) is scheduled here."""
+        events = self._tell(now, event)
+        if events:
+            harness = self._harness
+            assert harness is not None
+            harness.kernel.schedule_all(events)
 
     def _tell(self, now: float, event: ControlEvent) -> list[ScheduledEvent]:
         """Hand ``event`` to the controller and carry out what it says."""
@@ -370,8 +382,8 @@ class SimControl:
             match command:
                 case Route() if self._local:
                     self._deferred.append(command)
-                case Route(request_id=rid, replica=replica):
-                    events += self._submit(now, int(rid), replica)
+                case Route(request_id=rid, replica=replica, resume=resume):
+                    events += self._submit(now, int(rid), replica, resume)
                 case Reject(request_id=rid, reason=reason):
                     self._refuse(now, int(rid))
                     if self._on_refuse is not None:
@@ -435,13 +447,17 @@ class SimControl:
             session_key=request.session,
             tenant=tenant,
         )
-        return self._tell(now, Arrived(routed, priority, weight))
+        return self._tell(now, Arrived(routed, priority, weight, resumable=True))
 
-    def _submit(self, now: float, index: int, replica: ReplicaId) -> list[ScheduledEvent]:
+    def _submit(
+        self, now: float, index: int, replica: ReplicaId, resume: bool = False
+    ) -> list[ScheduledEvent]:
         harness = self._harness
         assert harness is not None
         k = self.replicas.by_id[replica].driver
         assert k is not None, replica
+        if resume:
+            return harness.submit_resume(now, index, k)
         pending = self._pending.pop(index, None)
         if pending is not None:  # its first attempt
             request = pending.request
@@ -491,8 +507,10 @@ class SimControl:
             harness.kernel.schedule(now, URGENT, Dispatch(self, commands))
 
     def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
-        """Request ``index`` was lost in a crash of ``replica`` (a shared event)."""
+        """Request ``index`` was lost in a crash of ``replica`` (a shared event): as live,
+        its connection was reset (``CONNECT_FAILURE``: a gone replica, retried without the
+        retry budget when it had no token yet)."""
         model = self.replicas.by_driver[replica].model
         return self._tell(
-            now, AttemptFailed(model, str(index), Outcome.REPLICA_ERROR, streamed=started)
+            now, AttemptFailed(model, str(index), Outcome.CONNECT_FAILURE, streamed=started)
         )

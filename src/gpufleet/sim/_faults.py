@@ -13,8 +13,8 @@ policy, retries) is the real one and never hears of a fault except through what 
 observes: failed attempts, probes, scrapes that stop moving::
 
     Crash @ t ─► driver.crash: its requests are lost ─► each: retried (no token yet) or error
-              ─► health sees REPLICA_ERROR outcomes (may eject) ─► runtime: STARTING
-              ─► Restart @ t + startup_s ─► READY, checks start over (probe, then routable)
+              ─► health sees CONNECT_FAILURE outcomes (may eject) ─► runtime: STARTING
+              ─► Restart @ t + startup_s ─► READY: checks start over, READY the first pass
     SlowStart / SlowEnd ─► model.set_slowdown(factor) / (1.0)
     BlackoutStart / End ─► the replica's scrapes stop / resume updating
 

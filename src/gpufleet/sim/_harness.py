@@ -34,7 +34,7 @@ from gpufleet.engine.model import NewRequest, ReplicaModel
 from gpufleet.sim._kernel import URGENT, Event, Kernel, ScheduledEvent
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import Recorder, RequestRecord
-from gpufleet.sim._replica_driver import Lost, ReplicaDriver
+from gpufleet.sim._replica_driver import Lost, ReplicaDriver, Resume
 from gpufleet.sim._traces import TraceRequest
 
 ARRIVAL_PRIORITY = URGENT
@@ -67,8 +67,9 @@ class Routing(Protocol):
 
     def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
         """Request ``index`` was lost in a crash of ``replica``: retry it
-        (:meth:`FleetHarness.submit_retry`) or let it end in an error (do nothing, or
-        :meth:`FleetHarness.fail_lost`). ``started``: the client had its first token.
+        (:meth:`FleetHarness.submit_retry`), resume its stream (``started``: the client had
+        its first token; :meth:`FleetHarness.submit_resume`) or let it end in an error (do
+        nothing, or :meth:`FleetHarness.fail_lost`).
         """
         ...
 
@@ -154,6 +155,7 @@ class FleetHarness:
         "_lost",
         "_more",
         "_requests",
+        "_sent",
         "_trace",
         "drivers",
         "failed",
@@ -162,6 +164,8 @@ class FleetHarness:
         "live",
         "prompts",
         "recorder",
+        "resume_prefill_tokens",
+        "resumed",
         "routing",
     )
 
@@ -204,6 +208,13 @@ class FleetHarness:
         self._requests: dict[int, tuple[tuple[int, ...], int]] = {}
         self._lost: dict[int, tuple[int, Lost]] = {}
         """Requests lost in a crash and not yet retried or failed: their replica and state."""
+        self._sent: dict[int, tuple[int, ...]] = {}
+        """Tokens a resumed stream's client has (every attempt's before the one now)."""
+        self.resumed = 0
+        """Streams resumed on another replica after a crash (the client saw no error)."""
+        self.resume_prefill_tokens = 0
+        """Prompt tokens re-sent by those resumes: the prompt plus what had been generated
+        (the prefix cache of the replica they went to may serve part of it)."""
         """Prompt and output length of each request inside a replica (to retry it)."""
         self.gate: Gate | None = None
         """Admission in front of routing (None: every arrival is routed at once)."""
@@ -295,6 +306,28 @@ class FleetHarness:
         _, state = self._lost.pop(index)
         return self.drivers[replica].submit(now, index, self._new(index), state.arrival)
 
+    def submit_resume(self, now: float, index: int, replica: int) -> list[ScheduledEvent]:
+        """Resume request ``index``'s stream, lost in a crash after its first token, on
+        driver ``replica`` (from ``on_lost``): the prompt plus every token generated so far,
+        for the tokens still to come, going on with the same answer (the gateway's splice)."""
+        _, state = self._lost.pop(index)
+        prompt, output_tokens = self._requests[index]
+        first, last = state.first_token, state.last_token
+        assert first is not None, "a resume needs a started stream"
+        assert last is not None
+        sent = self._sent[index] = self._sent.get(index, ()) + state.generated
+        request = NewRequest(
+            str(index),
+            prompt + sent,
+            output_tokens - len(sent),
+            ignore_eos=True,
+            continues_at=state.continues_at,
+        )
+        self.resumed += 1
+        self.resume_prefill_tokens += len(request.prompt_token_ids)
+        resume = Resume(first, last, len(sent), len(prompt))
+        return self.drivers[replica].submit(now, index, request, state.arrival, resume)
+
     def refuse(self, now: float, index: int, request: TraceRequest, input_tokens: int) -> None:
         """A gate refuses request ``index`` (shed, or its deadline passed): an error row."""
         self._fail(now, index, None, request.arrival_s, None, input_tokens)
@@ -338,6 +371,7 @@ class FleetHarness:
     ) -> None:
         """Request ``index`` ends in an error at ``now`` (``replica``: where it last was)."""
         prompt = self._requests.pop(index, None)
+        self._sent.pop(index, None)
         if prompt is not None:
             input_tokens = len(prompt[0])
         self.recorder.log.append(
@@ -360,6 +394,7 @@ class FleetHarness:
     def _ended(self, now: float, index: int, replica: int, rejected: bool) -> None:
         self.live -= 1
         self._requests.pop(index, None)
+        self._sent.pop(index, None)
         self.routing.on_end(now, index, replica, rejected)
 
     def _next_arrival(self) -> list[ScheduledEvent]:

@@ -93,12 +93,31 @@ class Lost:
     first_token: float | None
     """When its first token came out (None: the client has seen nothing; retryable)."""
     input_tokens: int
+    """Its prompt as the client sent it (a resumed stream's: the first attempt's)."""
+    last_token: float | None = None
+    """When its last token came out (a resume's first gap counts from here)."""
+    generated: tuple[int, ...] = ()
+    """The tokens this attempt generated (a resume re-sends them after the prompt)."""
+    continues_at: int | None = None
+    """Where its output goes on (``Progress.next_position``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A stream resumed here after its replica crashed: what the client already has."""
+
+    first_token: float
+    last_token: float
+    carried: int
+    """Tokens sent before (the output counts them too)."""
+    input_tokens: int
+    """The prompt as the client sent it (the row's input)."""
 
 
 class _Live:
     """A request inside the replica: what its record needs, nothing per token."""
 
-    __slots__ = ("arrival", "first", "index", "input_tokens", "last")
+    __slots__ = ("arrival", "carried", "first", "index", "input_tokens", "last")
 
     def __init__(self, index: int, arrival: float, input_tokens: int) -> None:
         self.index = index
@@ -106,6 +125,7 @@ class _Live:
         self.input_tokens = input_tokens
         self.first: float | None = None
         self.last = arrival
+        self.carried = 0
 
 
 class ReplicaDriver:
@@ -205,7 +225,20 @@ class ReplicaDriver:
         self.retired_preemptions += stats.num_preemptions
         self.retired_prefix_queries += stats.prefix_cache_queries
         self.retired_prefix_hits += stats.prefix_cache_hits
-        lost = [Lost(s.index, s.arrival, s.first, s.input_tokens) for s in self._live.values()]
+        lost = []
+        for rid, s in self._live.items():
+            progress = self._model.progress(rid)
+            lost.append(
+                Lost(
+                    s.index,
+                    s.arrival,
+                    s.first,
+                    s.input_tokens,
+                    s.last if s.first is not None else None,
+                    () if progress is None else progress.output_token_ids,
+                    None if progress is None else progress.next_position,
+                )
+            )
         self._live.clear()
         self._model = fresh
         self._epoch += 1
@@ -265,13 +298,20 @@ class ReplicaDriver:
         return len(self._live)
 
     def submit(
-        self, now: float, index: int, request: NewRequest, arrival: float | None = None
+        self,
+        now: float,
+        index: int,
+        request: NewRequest,
+        arrival: float | None = None,
+        resume: Resume | None = None,
     ) -> list[ScheduledEvent]:
         """Hand trace request ``index`` to the replica at ``now``.
 
         ``arrival`` is when the request reached the fleet (earlier than ``now`` for a retry;
-        its latencies count from there). A request the replica refuses (too long for
-        ``max_model_len``) is recorded as rejected at once.
+        its latencies count from there). ``resume``: a stream that broke elsewhere goes on
+        here (its row counts the whole answer: its first token, the tokens sent before, the
+        client's prompt). A request the replica refuses (too long for ``max_model_len``) is
+        recorded as rejected at once.
         """
         if self.down:
             raise RuntimeError(f"replica {self.index} is down: route around it")
@@ -289,7 +329,10 @@ class ReplicaDriver:
             if self._on_end is not None:
                 self._on_end(now, index, self.index, True)
             return []
-        self._live[request.request_id] = _Live(index, arrival, len(request.prompt_token_ids))
+        live = self._live[request.request_id] = _Live(index, arrival, len(request.prompt_token_ids))
+        if resume is not None:
+            live.first, live.last = resume.first_token, resume.last_token
+            live.carried, live.input_tokens = resume.carried, resume.input_tokens
         if self._busy:
             return []
         self._busy = True
@@ -365,9 +408,9 @@ class ReplicaDriver:
         gaps: dict[float, int] = {}  # requests that produced a token last step share one gap
         for out in self._model.finish_step(plan, now):
             state = live[out.request_id]
-            if out.first_token:
+            if out.first_token and state.first is None:
                 state.first = now
-            else:
+            else:  # a resumed stream's first token here: its gap is the client's stall
                 gap = now - state.last
                 gaps[gap] = gaps.get(gap, 0) + 1
             state.last = now
@@ -381,8 +424,8 @@ class ReplicaDriver:
                         state.first,
                         now,
                         state.input_tokens,
-                        out.num_output_tokens,
-                        out.num_cached_tokens,
+                        out.num_output_tokens + state.carried,
+                        min(out.num_cached_tokens, state.input_tokens),
                         False,
                     )
                 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -58,6 +59,7 @@ async def gateway_up(fleet: Path, *, start_timeout: float = 30.0) -> AsyncIterat
         *("--runtime", "kubernetes"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "GPUFLEET_HOME": str(fleet.parent / "gpufleet-home")},  # batches
     )
     assert up.stdout is not None
     stdout = up.stdout

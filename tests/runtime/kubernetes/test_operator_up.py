@@ -8,6 +8,7 @@ through the EndpointSlice watch and routes a chat completion to it.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ async def test_up_in_operator_mode_routes_to_the_pods_the_cluster_reports(
             *("--runtime", "kubernetes"),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "GPUFLEET_HOME": str(tmp_path / "home")},  # its batch store
         )
         assert up.stdout is not None
         out = ""

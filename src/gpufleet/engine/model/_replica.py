@@ -22,11 +22,12 @@ import math
 from gpufleet.engine.model._kv_cache import KVCacheManager
 from gpufleet.engine.model._request import Request, RequestStatus
 from gpufleet.engine.model._scheduler import Scheduler
-from gpufleet.engine.model._tokens import OutputLengths, shared_filler
+from gpufleet.engine.model._tokens import FillerTokens, OutputLengths, shared_filler
 from gpufleet.engine.model._types import (
     DecodeRun,
     FinishReason,
     NewRequest,
+    Progress,
     ReplicaConfig,
     ReplicaStats,
     RequestOutput,
@@ -133,6 +134,8 @@ class ReplicaModel:
                 request.request_id, request.max_tokens, ignore_eos=request.ignore_eos
             )
             target, offset = draw.target_output_tokens, draw.output_offset
+            if request.continues_at is not None:
+                offset = request.continues_at
         state = Request(
             request,
             arrival_time=now,
@@ -476,6 +479,20 @@ class ReplicaModel:
             generation_tokens=self._generation_tokens,
             finished=dict(self._finished),
         )
+
+    def progress(self, request_id: str) -> Progress | None:
+        """What ``request_id`` has generated so far and where its output goes on (a stream
+        lost here is resumed elsewhere from it); ``None`` when it is unknown or finished."""
+        state = self._requests.get(request_id)
+        if state is None or state.pooling:
+            return None
+        filler, start, n = self._filler, state.output_offset, state.num_output_tokens
+        return Progress(tuple(filler.token(start + i) for i in range(n)), start + n)
+
+    @property
+    def filler(self) -> FillerTokens:
+        """The token sequence every generated text of this replica is a window of."""
+        return self._filler
 
     def blocks_of(self, request_id: str) -> tuple[int, ...]:
         """The KV blocks ``request_id`` holds now (empty when waiting, finished or unknown)."""

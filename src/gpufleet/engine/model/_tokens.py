@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 FILLER_SIZE = 1 << 14
+MIN_RUN = 8
+"""Tokens of a filler run a context must end with to be continued (``position_after``):
+a chance match of 8 random ids (or of 8 words of 242) is vanishingly rare."""
 # Token ids are hashed as 4-byte little-endian words, the same on every machine.
 _TYPECODE = next(code for code in "IL" if array(code).itemsize == 4)
 
@@ -40,7 +43,7 @@ def pack_tokens(token_ids: Sequence[int]) -> bytes:
 class FillerTokens:
     """The token-id sequence every generated text of one replica is a window of."""
 
-    __slots__ = ("_packed", "ids", "mask")
+    __slots__ = ("_at", "_packed", "ids", "mask")
 
     def __init__(self, seed: int, vocab_size: int) -> None:
         if vocab_size < 1:
@@ -49,6 +52,44 @@ class FillerTokens:
         self.ids: list[int] = [rng.randrange(vocab_size) for _ in range(FILLER_SIZE)]
         self.mask = FILLER_SIZE - 1
         self._packed = pack_tokens(self.ids + self.ids)  # doubled: a span up to S is one slice
+        self._at: dict[int | None, dict[int, list[int]]] = {}
+        """Positions of each id (or id mod ``modulus``), built on first use."""
+
+    def position_after(
+        self, tail: Sequence[int], *, modulus: int | None = None, min_run: int = MIN_RUN
+    ) -> int | None:
+        """Where the filler goes on after a context that ends in a run of it: the position
+        after the longest run of filler tokens that ``tail`` ends with (at least
+        ``min_run``; ties: the lowest position), else ``None``. With ``modulus``, tokens
+        are compared modulo it (generated text read back as words: ``id % len(WORDS)``).
+
+        This is what makes a continuation deterministic, as a greedy decoder's is: a prompt
+        that ends with the first ``k`` tokens a request generated goes on with its ``k+1``-th::
+
+            filler   … f[p-2] f[p-1] f[p] │ f[p+1] …
+            tail       …  t[-3]  t[-2]  t[-1]  ─► p + 1
+        """
+        if len(tail) < min_run:
+            return None
+        index = self._at.get(modulus)
+        if index is None:
+            index = self._at[modulus] = {}
+            for position, token in enumerate(self.ids):
+                key = token if modulus is None else token % modulus
+                index.setdefault(key, []).append(position)
+        mask, ids = self.mask, self.ids
+        best, best_run = None, min_run - 1
+        for end in index.get(tail[-1], ()):
+            run = 1
+            limit = min(len(tail), FILLER_SIZE)
+            while run < limit:
+                token = ids[(end - run) & mask]
+                if (token if modulus is None else token % modulus) != tail[-1 - run]:
+                    break
+                run += 1
+            if run > best_run:
+                best, best_run = end, run
+        return None if best is None else best + 1
 
     def token(self, position: int) -> int:
         return self.ids[position & self.mask]

@@ -93,6 +93,20 @@ class NewRequest:
     priority: int = 0
     """Under the ``priority`` policy, lower values run first (then earlier arrivals)."""
     pooling: bool = False
+    continues_at: int | None = None
+    """A continuation: its output is the filler from this position on, as the output of
+    the request it continues would have gone on (a stream resumed on another replica; see
+    :meth:`FillerTokens.position_after`). ``None``: the position is drawn from its id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A request's output so far (:meth:`ReplicaModel.progress`)."""
+
+    output_token_ids: tuple[int, ...]
+    next_position: int
+    """The filler position its next token would come from: a continuation's
+    ``continues_at``."""
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -11,6 +11,12 @@ last partial block)::
 Usage counts the prompt once and sums the completions (vLLM's rule); ``cached_tokens`` is
 the first sequence's.
 
+A prompt that ends with the start of an answer this engine's seed generates (a completion's
+token ids, or a chat's last assistant message continued with ``continue_final_message``) goes
+on with that answer, as a greedy decoder would: a stream resumed on another replica by the
+gateway continues token for token (``FillerTokens.position_after``). ``return_token_ids`` puts
+the generated ids in a stream's events and the prompt's in its first, as vLLM does.
+
 Responses are written by one of three writers: the body (all choices at once), the one-choice
 stream (the hot path: precomputed fragments, one write per wake-up) and the ``n``-choice
 stream (each choice's events as they come, tagged with its ``index``).
@@ -24,6 +30,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gpufleet.engine._tokenizer import WORDS
 from gpufleet.engine.model import FinishReason, NewRequest
 from gpufleet.engine.server._asgi import (
     JSON_HEADERS,
@@ -56,8 +63,11 @@ from gpufleet.engine.server._protocol import (
     StopMatcher,
     Usage,
 )
+from gpufleet.engine.server._tokenize import chat_prompt_ids
 
 Completion = ChatRequest | CompletionRequest
+_WORD_INDEX: dict[str, int] = {word: i for i, word in enumerate(WORDS)}
+"""A generated word's index in ``WORDS`` (a resumed chat's text read back)."""
 
 
 class Completions(JsonRoute):
@@ -74,12 +84,21 @@ class Completions(JsonRoute):
             else parse_body(CompletionRequest, payload)
         )
         check_model(self.engine, request.model)
+        filler = self.engine.model.filler
         if isinstance(request, ChatRequest):
-            messages = [(m.role, m.text()) for m in request.messages]
-            prompt = self.engine.tokenizer.encode_chat(messages)
+            prompt = tuple(chat_prompt_ids(self.engine.tokenizer, request))
+            continues_at = None
+            last = request.messages[-1]
+            if request.continue_final_message and last.role == "assistant":
+                words = [_WORD_INDEX.get(w, -1) for w in last.text().split()]
+                continues_at = filler.position_after(words, modulus=len(WORDS))
         else:
             prompt = self._prompt_ids(request.prompt)
-        return functools.partial(self._respond, scope, request, prompt)
+            token_ids = not isinstance(request.prompt, str) and not (
+                request.prompt and isinstance(request.prompt[0], str)
+            )
+            continues_at = filler.position_after(prompt) if token_ids else None
+        return functools.partial(self._respond, scope, request, prompt, continues_at)
 
     def _prompt_ids(self, prompt: str | list[int] | list[str] | list[list[int]]) -> tuple[int, ...]:
         tokenizer = self.engine.tokenizer
@@ -104,7 +123,12 @@ class Completions(JsonRoute):
         return tuple(ids)
 
     async def _respond(
-        self, scope: Scope, request: Completion, prompt: tuple[int, ...], send: Send
+        self,
+        scope: Scope,
+        request: Completion,
+        prompt: tuple[int, ...],
+        continues_at: int | None,
+        send: Send,
     ) -> None:
         engine = self.engine
         max_tokens = request.requested_max_tokens()
@@ -117,6 +141,7 @@ class Completions(JsonRoute):
                 max_tokens=max_tokens,
                 ignore_eos=request.ignore_eos,
                 priority=request.priority,
+                continues_at=continues_at,
             )
             for _ in range(request.n)
         ]
@@ -125,6 +150,7 @@ class Completions(JsonRoute):
             response_id=engine.response_id("chatcmpl" if self.chat else "cmpl", scope),
             created=int(time.time()),
             model=engine.name,
+            token_ids=request.return_token_ids,
         )
         try:
             streams = engine.submit(news)
@@ -132,7 +158,7 @@ class Completions(JsonRoute):
             await send_error(send, error)
             return
         gens = [
-            Generation(engine, stream, shape.for_choice(i), request)
+            Generation(engine, stream, shape.for_choice(i), request, prompt)
             for i, stream in enumerate(streams)
         ]
         done = False
@@ -159,11 +185,17 @@ class Generation:
     """Tokens of one sequence turned into text and a finish, stop strings applied."""
 
     def __init__(
-        self, engine: SimEngine, stream: RequestStream, shape: ResponseShape, request: Completion
+        self,
+        engine: SimEngine,
+        stream: RequestStream,
+        shape: ResponseShape,
+        request: Completion,
+        prompt: tuple[int, ...],
     ) -> None:
         self.engine = engine
         self.stream = stream
         self.shape = shape
+        self.prompt = prompt
         stops = request.stop_strings()
         self.matcher = StopMatcher(stops) if stops else None
         self.include_usage = request.include_usage
@@ -186,36 +218,44 @@ class Generation:
         self.engine.metrics.shell.stop_string_finishes += 1
         self.engine.loop.abort(self.stream.request_id)
 
-    async def pieces(self) -> AsyncIterator[tuple[str, bool]]:
-        """Yield ``(text, last)`` per output (``last`` on the finishing one) until finished."""
+    async def pieces(self) -> AsyncIterator[tuple[str, bool, tuple[int, ...]]]:
+        """Yield ``(text, last, ids)`` per output (``last`` on the finishing one) until
+        finished."""
         tokenizer = self.engine.tokenizer
         while self.finish_reason is None:
             outputs = await self.stream.next()
             if not outputs:  # closed without finishing: aborted or the engine stopped
                 self.finish_reason = FinishReason.ABORT.value
-                yield "", True
+                yield "", True, ()
                 return
             for output in outputs:
                 self.prompt_tokens = output.num_prompt_tokens
                 self.cached_tokens = output.num_cached_tokens
-                self.completion_tokens += len(output.new_token_ids)
-                text = tokenizer.decode(output.new_token_ids)
+                ids = output.new_token_ids
+                self.completion_tokens += len(ids)
+                text = tokenizer.decode(ids)
                 if self.matcher is not None:
                     text = self.matcher.feed(text)
                     if self.matcher.matched is not None:
                         self._stopped(self.matcher.matched)
-                        yield text, True
+                        yield text, True, ids
                         return
                 if output.finish_reason is not None:
                     self.finish_reason = str(output.finish_reason.value)
                     if self.matcher is not None:
                         text += self.matcher.flush()
-                    yield text, True
+                    yield text, True, ids
                     return
-                yield text, False
+                yield text, False, ids
 
     async def text(self) -> str:
-        return "".join([text async for text, _ in self.pieces()])
+        return "".join([text async for text, _, _ in self.pieces()])
+
+    def first(self, event: bytes) -> bytes:
+        """A stream's first event, with the prompt's ids if they were asked for."""
+        if not self.shape.token_ids:
+            return event
+        return self.shape.with_prompt_ids(event, self.prompt)
 
 
 def _usage(gens: list[Generation], prompt_tokens: int) -> Usage:
@@ -237,30 +277,37 @@ async def write_streams(
     """``n`` choices in one SSE stream: each output's event as it comes, in one write per
     wake-up; chat sends every choice's role event first, as vLLM does."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    ready: asyncio.Queue[tuple[Generation, str, bool]] = asyncio.Queue()
+    ready: asyncio.Queue[tuple[Generation, str, bool, tuple[int, ...]]] = asyncio.Queue()
 
     async def pump(gen: Generation) -> None:
-        async for text, last in gen.pieces():
-            ready.put_nowait((gen, text, last))
+        async for text, last, ids in gen.pieces():
+            ready.put_nowait((gen, text, last, ids))
 
     async with asyncio.TaskGroup() as group:
         for gen in gens:
             group.create_task(pump(gen))
         pending = len(gens)
-        events = [g.shape.role_event for g in gens if g.shape.chat]
+        events = [g.first(g.shape.role_event) for g in gens if g.shape.chat]
+        started = {g.shape.index for g in gens if g.shape.chat}
         while pending:
             items = [await ready.get()]
             while not ready.empty():
                 items.append(ready.get_nowait())
-            for gen, text, last in items:
+            for gen, text, last, ids in items:
                 shape = gen.shape
+                event = b""
                 if last:
                     assert gen.finish_reason is not None
                     tail = shape.final_tail(gen.finish_reason, gen.stop_reason)
-                    events.append(shape.text_event(text, tail))
+                    event = shape.text_event(text, tail, ids)
                     pending -= 1
                 elif text:
-                    events.append(shape.text_event(text))
+                    event = shape.text_event(text, None, ids)
+                if event and shape.index not in started:
+                    started.add(shape.index)
+                    event = gen.first(event)
+                if event:
+                    events.append(event)
             if events:
                 await send_chunk(send, b"".join(events))
             events = []
@@ -282,17 +329,19 @@ class StreamWriter:
         if gen.matcher is None:
             await self._fast(send)
         else:
-            async for text, last in gen.pieces():
+            async for text, last, ids in gen.pieces():
                 events: list[bytes] = []
                 if first and shape.chat:
                     events.append(shape.role_event)
-                first = False
                 if last:
                     assert gen.finish_reason is not None
                     tail = shape.final_tail(gen.finish_reason, gen.stop_reason)
-                    events.append(shape.text_event(text, tail))
+                    events.append(shape.text_event(text, tail, ids))
                 elif text:
-                    events.append(shape.text_event(text))
+                    events.append(shape.text_event(text, None, ids))
+                if first and events:
+                    events[0] = gen.first(events[0])
+                    first = False
                 if events:
                     await send_chunk(send, b"".join(events))
         end = shape.usage_event(gen.usage()) + DONE if gen.include_usage else DONE
@@ -306,6 +355,8 @@ class StreamWriter:
         words = WORD_JSON
         nwords = len(words)
         pending_role = shape.chat
+        first = True
+        with_ids = shape.with_ids if shape.token_ids else None
         while True:
             outputs = await stream.next()
             events: list[bytes] = []
@@ -321,15 +372,25 @@ class StreamWriter:
                 ids = output.new_token_ids
                 gen.completion_tokens += len(ids)
                 if output.finish_reason is None:
-                    events.extend([head + words[i % nwords] + tail for i in ids])
+                    if with_ids is None:
+                        events.extend([head + words[i % nwords] + tail for i in ids])
+                    else:
+                        events.extend(
+                            [head + words[i % nwords] + with_ids(tail, (i,)) for i in ids]
+                        )
                     continue
                 gen.finish_reason = str(output.finish_reason.value)
                 final = shape.final_tail(gen.finish_reason, None)
                 if ids:
-                    events.extend([head + words[i % nwords] + tail for i in ids[:-1]])
-                    events.append(head + words[ids[-1] % nwords] + final)
+                    events.extend(
+                        [shape.text_event(" " + WORDS[i % nwords], tail, (i,)) for i in ids[:-1]]
+                    )
+                    events.append(shape.text_event(" " + WORDS[ids[-1] % nwords], final, ids[-1:]))
                 else:
-                    events.append(shape.text_event("", final))
+                    events.append(shape.text_event("", final, ()))
+            if first and events:
+                events[0] = gen.first(events[0])
+                first = False
             await send_chunk(send, b"".join(events))
             if gen.finish_reason is not None:
                 return

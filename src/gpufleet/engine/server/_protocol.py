@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -56,6 +56,10 @@ class _Sampling(_Request):
     top_p: float | None = None
     seed: int | None = None
     priority: int = Field(default=0, ge=-_INT32, le=_INT32)
+    return_token_ids: bool = False
+    """vLLM's: a stream's events carry the ids they generated (``token_ids``, in the choice)
+    and its first event the prompt's (``prompt_token_ids``: in the choice of a completion,
+    at the top of a chat chunk). Streams only here."""
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -88,9 +92,26 @@ class ChatMessage(_Request):
 class ChatRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = Field(default=None, ge=1, le=_INT32)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    """vLLM's: the last message (the assistant's, partly written) is left open and the
+    answer goes on from it (``add_generation_prompt`` must then be false)."""
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+class ChatTemplated(Protocol):
+    """A request whose messages go through the chat template (chat, ``/tokenize``)."""
+
+    @property
+    def messages(self) -> list[ChatMessage]: ...
+    @property
+    def add_generation_prompt(self) -> bool: ...
+    @property
+    def continue_final_message(self) -> bool: ...
+    @property
+    def model_fields_set(self) -> set[str]: ...
 
 
 class CompletionRequest(_Sampling):
@@ -142,10 +163,19 @@ class ResponseShape:
     """Byte fragments and bodies for one response of one endpoint (choice ``index``)."""
 
     def __init__(
-        self, *, chat: bool, response_id: str, created: int, model: str, index: int = 0
+        self,
+        *,
+        chat: bool,
+        response_id: str,
+        created: int,
+        model: str,
+        index: int = 0,
+        token_ids: bool = False,
     ) -> None:
         self.chat = chat
         self.index = index
+        self.token_ids = token_ids
+        """Events carry ``token_ids`` (``return_token_ids``)."""
         self._args = (response_id, created, model)
         self._meta = {"id": response_id, "created": created, "model": model}
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -169,8 +199,28 @@ class ResponseShape:
         """The same response's fragments for choice ``index`` (``n > 1``)."""
         response_id, created, model = self._args
         return ResponseShape(
-            chat=self.chat, response_id=response_id, created=created, model=model, index=index
+            chat=self.chat,
+            response_id=response_id,
+            created=created,
+            model=model,
+            index=index,
+            token_ids=self.token_ids,
         )
+
+    def with_ids(self, tail: bytes, ids: Sequence[int]) -> bytes:
+        """``tail`` (one of this shape's event tails) with the event's ``token_ids`` in
+        its choice: after the delta's brace (chat), or after the text (completions)."""
+        field = b',"token_ids":[' + ",".join(map(str, ids)).encode() + b"]"
+        return tail[:1] + field + tail[1:] if self.chat else field + tail
+
+    def with_prompt_ids(self, event: bytes, ids: Sequence[int]) -> bytes:
+        """A stream's first ``event`` with the prompt's ids (vLLM's ``prompt_token_ids``:
+        in the choice of a completion, at the top of a chat chunk)."""
+        field = b'"prompt_token_ids":[' + ",".join(map(str, ids)).encode() + b"]"
+        if self.chat:  # data: {…,"choices":[…]}\n\n
+            return event[: -len(b"}\n\n")] + b"," + field + b"}\n\n"
+        head = len(self.head)  # data: {…,"choices":[{"index":i,"text": …
+        return event[: head - len(b'"text":')] + field + b"," + event[head - len(b'"text":') :]
 
     def final_tail(self, finish_reason: str, stop_reason: str | None) -> bytes:
         brace = "}" if self.chat else ""
@@ -179,8 +229,13 @@ class ResponseShape:
             f'"stop_reason":{_j(stop_reason)}}}]}}\n\n'
         ).encode()
 
-    def text_event(self, text: str, tail: bytes | None = None) -> bytes:
-        return self.head + _j(text).encode() + (self.tail if tail is None else tail)
+    def text_event(
+        self, text: str, tail: bytes | None = None, ids: Sequence[int] | None = None
+    ) -> bytes:
+        end = self.tail if tail is None else tail
+        if ids is not None and self.token_ids:
+            end = self.with_ids(end, ids)
+        return self.head + _j(text).encode() + end
 
     def usage_event(self, usage: Usage) -> bytes:
         body = {

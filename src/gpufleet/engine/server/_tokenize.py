@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpufleet.engine._tokenizer import Tokenizer
 from gpufleet.engine.server._asgi import (
     JSON_HEADERS,
     JsonRoute,
@@ -31,7 +32,7 @@ from gpufleet.engine.server._asgi import (
     send_bytes,
 )
 from gpufleet.engine.server._errors import InvalidRequestError
-from gpufleet.engine.server._protocol import ChatMessage
+from gpufleet.engine.server._protocol import ChatMessage, ChatTemplated
 
 
 class _Request(BaseModel):
@@ -91,23 +92,31 @@ class Tokenize(JsonRoute):
         return functools.partial(_answer, body)
 
     def _chat_ids(self, request: TokenizeChatRequest) -> list[int]:
-        """The chat template; ``add_generation_prompt`` keeps the final ⟨assistant⟩, and
-        ``continue_final_message`` leaves the last message open (no ⟨end⟩, no ⟨assistant⟩)."""
-        explicit = "add_generation_prompt" in request.model_fields_set
-        if request.continue_final_message and explicit and request.add_generation_prompt:
-            raise InvalidRequestError(
-                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-                param="continue_final_message",
-            )
-        tokenizer = self.engine.tokenizer
-        ids = list(tokenizer.encode_chat([(m.role, m.text()) for m in request.messages]))
-        if request.continue_final_message:
-            del ids[-2:]
-        elif not request.add_generation_prompt:
-            del ids[-1:]
+        ids = chat_prompt_ids(self.engine.tokenizer, request)
         if request.add_special_tokens:
-            ids.insert(0, tokenizer.bos_id)
+            ids.insert(0, self.engine.tokenizer.bos_id)
         return ids
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, request: ChatTemplated) -> list[int]:
+    """The chat template; ``add_generation_prompt`` keeps the final ⟨assistant⟩, and
+    ``continue_final_message`` leaves the last message open (no ⟨end⟩, no ⟨assistant⟩)::
+
+        [user: Hi]                              BOS ⟨user⟩ Hi ⟨end⟩ ⟨assistant⟩
+        [user: Hi, assistant: " The"] continued BOS ⟨user⟩ Hi ⟨end⟩ ⟨assistant⟩ The
+    """
+    explicit = "add_generation_prompt" in request.model_fields_set
+    if request.continue_final_message and explicit and request.add_generation_prompt:
+        raise InvalidRequestError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            param="continue_final_message",
+        )
+    ids = list(tokenizer.encode_chat([(m.role, m.text()) for m in request.messages]))
+    if request.continue_final_message:
+        del ids[-2:]
+    elif not request.add_generation_prompt:
+        del ids[-1:]
+    return ids
 
 
 class Detokenize(JsonRoute):
