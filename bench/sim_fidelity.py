@@ -175,7 +175,8 @@ class Clients:
     """``clients`` clients sending fixed-length requests to one simulated replica.
 
     Each sends ``rounds`` requests, the next one when the last token of the one before comes
-    out (a closed loop); every client sends its first at time 0. The replica is the fleet
+    out (a closed loop); client ``i`` sends its first at ``i × spacing`` (0: all together, as
+    a benchmark client starts them). The replica is the fleet
     simulator's: a ``ReplicaDriver`` on a ``Kernel``, recording into a ``Recorder``. With one
     round (no loop) the driver fast-forwards its decode runs as in ``gpufleet simulate``;
     a closed loop schedules arrivals from inside the replica's step events, which a
@@ -191,6 +192,7 @@ class Clients:
         input_tokens: int,
         output_tokens: int,
         rounds: int = 1,
+        spacing: float = 0.0,
         seed: int = 0,
     ) -> None:
         self.kernel = Kernel()
@@ -213,7 +215,7 @@ class Clients:
         self.owner: dict[int, tuple[int, int]] = {}
         """Request index → (client, its round)."""
         for client in range(clients):
-            self.kernel.schedule(0.0, URGENT, Send(self, client))
+            self.kernel.schedule(client * spacing, URGENT, Send(self, client))
 
     def on_event(self, now: float, event: Send) -> list[ScheduledEvent]:
         index = len(self.owner)
@@ -293,10 +295,14 @@ def steady_window(
 
 
 def simulate_reference(
-    ref: dict[str, Any], rounds: int = SERVING_ROUNDS, warmup: int = SERVING_WARMUP
+    ref: dict[str, Any],
+    rounds: int = SERVING_ROUNDS,
+    warmup: int = SERVING_WARMUP,
+    spacing: float = 0.0,
 ) -> tuple[float, dict[str, Any]]:
     """The simulator's value of a reference's measured quantity, and what the run did
-    (``rounds``, ``warmup``: requests per closed-loop client, and before its window opens)."""
+    (``rounds``, ``warmup``: requests per closed-loop client, and before its window opens;
+    ``spacing``: seconds between the closed-loop clients' first requests)."""
     scenario = ref["scenario"]
     inp = int(ref["input_tokens"])
     out = int(ref.get("output_tokens", 1))
@@ -308,6 +314,7 @@ def simulate_reference(
             input_tokens=inp,
             output_tokens=out,
             rounds=rounds,
+            spacing=spacing,
         )
         records = clients.run()
         start, end = steady_window(records, clients.owner, warmup)
@@ -318,6 +325,7 @@ def simulate_reference(
         detail = clients.detail() | {
             "window_s": [round(start, 4), round(end, 4)],
             "window_requests": len(tpots),
+            "e2e_mean_s_in_window": round(statistics.fmean(r.e2e_s for r in window), 6),
             "ttft_mean_s_in_window": round(
                 statistics.fmean(r.ttft_s for r in window if r.ttft_s is not None), 6
             ),
@@ -381,36 +389,46 @@ def published_points(
     return points
 
 
-def kv_what_if(
+def what_ifs(
     refs: list[dict[str, Any]],
     points: list[Point],
     rounds: int = SERVING_ROUNDS,
     warmup: int = SERVING_WARMUP,
 ) -> list[dict[str, Any]]:
-    """The ITL references with fp8 weights that name no KV-cache dtype, rerun with an fp8 KV
-    cache (the headline, ``points``, keeps references.yaml's bf16): how much that unknown
-    moves them."""
+    """The ITL references rerun with what their sources leave open, beside the headline
+    (``points``, which keeps references.yaml as it is):
+
+    * ``kv fp8``: an fp8 KV cache, for fp8-weight references that name no KV dtype (the
+      headline takes bf16, as perf_model_error does);
+    * ``spread start``: closed-loop clients whose first requests are spread evenly over one
+      request's duration (the headline's mean E2E) instead of sent together, as
+      perf_model_error's ``serving_tpot`` assumes arrivals to be.
+    """
     base = {p.id: p for p in points if p.set == "published"}
     out = []
     for ref in refs:
-        if (
-            METRIC_OF[ref["scenario"]] == "itl"
-            and ref.get("weights_dtype") == "fp8"
-            and "kv_dtype" not in ref
-        ):
-            point = base[ref["id"]]
-            fp8, detail = simulate_reference(dict(ref, kv_dtype="fp8"), rounds, warmup)
-            measured = float(ref["measured"])
+        if METRIC_OF[ref["scenario"]] != "itl":
+            continue
+        point = base[ref["id"]]
+        variants: list[tuple[str, dict[str, Any], float]] = []
+        if ref.get("weights_dtype") == "fp8" and "kv_dtype" not in ref:
+            variants.append(("kv fp8", dict(ref, kv_dtype="fp8"), 0.0))
+        if ref["scenario"] == "serving_tpot":
+            spacing = point.detail["e2e_mean_s_in_window"] / int(ref["concurrency"])
+            variants.append(("spread start", ref, spacing))
+        for name, variant, spacing in variants:
+            value, detail = simulate_reference(variant, rounds, warmup, spacing)
             out.append(
                 {
                     "id": ref["id"],
-                    "measured": measured,
-                    "simulated_kv_bf16": point.simulated,
-                    "error_pct_kv_bf16": round(point.error_pct, 2),
-                    "preemptions_kv_bf16": point.detail["preemptions"],
-                    "simulated_kv_fp8": fp8,
-                    "error_pct_kv_fp8": round(error_pct(fp8, measured), 2),
-                    "preemptions_kv_fp8": detail["preemptions"],
+                    "variant": name,
+                    "measured": float(ref["measured"]),
+                    "simulated": value,
+                    "error_pct": round(error_pct(value, float(ref["measured"])), 2),
+                    "headline_error_pct": round(point.error_pct, 2),
+                    "step_only_error_pct": round(point.step_only_error_pct or 0.0, 2),
+                    "preemptions": detail["preemptions"],
+                    "headline_preemptions": point.detail["preemptions"],
                 }
             )
     return out
@@ -892,12 +910,12 @@ def main(argv: list[str] | None = None) -> int:
             f"on the published points: {t['median_abs_error_pct']} % over {t['points']} points "
             f"→ {'holds' if t['holds'] else 'DOES NOT HOLD'}"
         )
-    what_if = kv_what_if(refs, points, rounds, warmup)
+    what_if = what_ifs(refs, points, rounds, warmup)
     for w in what_if:
         console.print(
-            f"what-if {w['id']} with an fp8 KV cache: {w['error_pct_kv_fp8']:+.1f} % "
-            f"(bf16, the headline: {w['error_pct_kv_bf16']:+.1f} %; preemptions "
-            f"{w['preemptions_kv_bf16']} → {w['preemptions_kv_fp8']})"
+            f"what-if {w['id']}, {w['variant']}: {w['error_pct']:+.1f} % (headline "
+            f"{w['headline_error_pct']:+.1f} %, step-only {w['step_only_error_pct']:+.1f} %; "
+            f"preemptions {w['headline_preemptions']} → {w['preemptions']})"
         )
     same = [p.detail["same_batch_as_step_only"] for p in points if p.set != "published"]
     if same:
@@ -910,7 +928,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/sim_fidelity.py" + (" " + " ".join(argv) if argv else ""),
         "targets": verdict,
         "summary": summary,
-        "what_if_fp8_kv_cache": what_if,
+        "what_if": what_if,
         "wall_s": round(wall, 1),
         "points": [p.as_dict() for p in points],
     }
