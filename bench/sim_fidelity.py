@@ -176,12 +176,12 @@ class Clients:
 
     Each sends ``rounds`` requests, the next one when the last token of the one before comes
     out (a closed loop); client ``i`` sends its first at ``i × spacing`` (0: all together, as
-    a benchmark client starts them). The replica is the fleet
-    simulator's: a ``ReplicaDriver`` on a ``Kernel``, recording into a ``Recorder``. With one
-    round (no loop) the driver fast-forwards its decode runs as in ``gpufleet simulate``;
-    a closed loop schedules arrivals from inside the replica's step events, which a
-    fast-forwarding driver may already have run past, so it steps one event at a time (the
-    same results, docs/design/sim-kernel.md).
+    a benchmark client starts them). The replica is the fleet simulator's: a ``ReplicaDriver``
+    on a ``Kernel``, recording into a ``Recorder``. With one round (no loop) the driver
+    fast-forwards its decode runs as in ``gpufleet simulate``; a closed loop schedules
+    arrivals from inside the replica's step events, which a fast-forwarding driver may already
+    have run past, so it steps one event at a time (the same results: the harness's
+    ``fast_forward=False``, docs/design/sim-kernel.md).
     """
 
     def __init__(
