@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -12,11 +13,18 @@ from gpufleet.gateway._usage import (
     INPUT_ONLY,
     NO_MODEL,
     RESPONSES,
+    Meter,
+    Metering,
     ResponsesMeter,
     Usage,
     read_input_usage,
     read_responses_usage,
 )
+
+
+def new_meter(metering: Metering, estimate: int, injected: bool, done: Callable[[], None]) -> Meter:
+    """The meter ``Tenancy.admit`` gives a request of a route with this ``metering``."""
+    return metering.meter(estimate, injected, done, metering.read)
 
 
 def test_input_only_usage_reads_prompt_tokens_else_rerank_total_tokens() -> None:
@@ -55,14 +63,14 @@ def test_responses_usage_maps_input_and_output_tokens() -> None:
 
 def test_a_route_that_runs_no_model_is_known_and_free() -> None:
     ended: list[bool] = []
-    meter = NO_MODEL.meter_for(50, False, lambda: ended.append(True))
+    meter = new_meter(NO_MODEL, 50, False, lambda: ended.append(True))
     meter.whole(b'{"count": 3, "tokens": [1, 2, 3]}')
     assert ended == [True]
     assert (meter.usage.total, meter.usage.known) == (0, True)
 
 
 def test_embeddings_are_metered_from_the_whole_body() -> None:
-    meter = INPUT_ONLY.meter_for(50, False, lambda: None)
+    meter = new_meter(INPUT_ONLY, 50, False, lambda: None)
     meter.whole(json.dumps({"data": [], "usage": {"prompt_tokens": 8, "total_tokens": 8}}).encode())
     assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (8, 0)
 
@@ -89,7 +97,7 @@ def test_a_responses_stream_cut_anywhere_passes_whole_and_is_metered_at_its_fina
 ) -> None:
     sent: list[bytes] = []
     ended_after: list[int] = []
-    meter = RESPONSES.meter_for(50, False, lambda: ended_after.append(len(b"".join(sent))))
+    meter = new_meter(RESPONSES, 50, False, lambda: ended_after.append(len(b"".join(sent))))
     assert isinstance(meter, ResponsesMeter)
     for start in range(0, len(STREAM), size):
         sent.append(meter.chunk(STREAM[start : start + size]))
@@ -102,7 +110,7 @@ def test_a_responses_stream_cut_anywhere_passes_whole_and_is_metered_at_its_fina
 
 
 def test_a_responses_stream_without_its_final_event_is_not_completed() -> None:
-    meter = RESPONSES.meter_for(50, False, lambda: None)
+    meter = new_meter(RESPONSES, 50, False, lambda: None)
     cut = STREAM.rindex(b"event: response.completed")
     assert meter.chunk(STREAM[:cut]) == STREAM[:cut]
     assert not meter.done

@@ -330,8 +330,8 @@ class Tenancy:
         injected = False
         if metering.ask:
             body, injected = ask_for_usage(payload, body)
-        admitted.meter = metering.meter_for(
-            prompt_estimate, injected, lambda: self._record(admitted)
+        admitted.meter = metering.meter(
+            prompt_estimate, injected, lambda: self._record(admitted), metering.read
         )
         return admitted, body
 

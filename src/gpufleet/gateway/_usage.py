@@ -257,11 +257,6 @@ class Metering:
     """Whether a stream is asked for its usage event (:func:`ask_for_usage`: chat and
     completions; the Responses API's final event always has it)."""
 
-    def meter_for(
-        self, prompt_estimate: int, injected: bool, on_complete: Callable[[], None]
-    ) -> Meter:
-        return self.meter(prompt_estimate, injected, on_complete, self.read)
-
 
 COMPLETIONS: Final = Metering()
 INPUT_ONLY: Final = Metering(read_input_usage, ask=False)
