@@ -25,6 +25,7 @@ from gpufleet.config._fleet import (
     load_fleet,
     parse_fleet,
 )
+from gpufleet.config._override import field_path, set_field
 
 __all__ = [
     "DEFAULT_FLEET",
@@ -43,7 +44,9 @@ __all__ = [
     "TLSConfig",
     "TenantsConfig",
     "Timeouts",
+    "field_path",
     "is_loopback",
     "load_fleet",
     "parse_fleet",
+    "set_field",
 ]
