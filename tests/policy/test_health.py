@@ -18,6 +18,8 @@ from gpufleet.policy import (
     ejection_time,
     redundancy,
 )
+from gpufleet.policy._breaker import BreakerState, decay
+from gpufleet.policy._probe import ProbeState, overdue
 
 from .factories import make_view, rid
 
@@ -274,3 +276,27 @@ def test_redundancy_says_whether_a_spare_replica_exists() -> None:
     assert redundancy(view, "other", required=0).missing == 1
     with pytest.raises(ValueError, match="required"):
         redundancy(view, "m", required=-1)
+
+
+# -- wake times are the instants the rules fire ------------------------------------------------
+
+
+def test_a_breaker_decays_at_the_instant_it_asked_to_wake() -> None:
+    """Found by the chaos run (seed 18): closed at 7.06 s with a 5 s base, the policy asked to
+    wake at 7.06 + 5.0 = 12.059999999999999, where ``now - since`` is 4.999999999999999 < 5:
+    nothing decayed, the wake time stayed ``now``, and the simulator spun at one instant."""
+    rng = random.Random(18)
+    draws = [(rng.uniform(0, 1e4), rng.choice((1.0, 5.0, 30.0))) for _ in range(2000)]
+    pairs = [(7.06, 5.0), *draws]
+    for since, base in pairs:
+        closed = BreakerState(since=since, phase=BreakerPhase.CLOSED, ejections=1)
+        decayed = decay(closed, since + base, OutlierConfig(base_ejection_time=base))
+        assert decayed.ejections == 0, (since, base)
+
+
+def test_a_probe_is_overdue_at_the_instant_it_asked_to_wake() -> None:
+    rng = random.Random(18)
+    for _ in range(2000):
+        since, timeout = rng.uniform(0, 1e4), rng.choice((0.5, 1.0, 0.3))
+        config = ActiveCheckConfig(timeout=timeout)
+        assert overdue(ProbeState(pending_since=since), since + 2 * timeout, config)

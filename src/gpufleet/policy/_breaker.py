@@ -126,7 +126,7 @@ def decay(state: BreakerState, now: float, config: OutlierConfig) -> BreakerStat
     if (
         state.phase is BreakerPhase.CLOSED
         and state.ejections > 0
-        and now - state.since >= config.base_ejection_time
+        and now >= state.since + config.base_ejection_time  # the wake time's sum, to the bit
     ):
         return dataclasses.replace(state, ejections=state.ejections - 1, since=now)
     return state

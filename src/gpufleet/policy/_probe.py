@@ -45,8 +45,12 @@ NEW_PROBE_STATE = ProbeState()
 
 
 def overdue(state: ProbeState, now: float, config: ActiveCheckConfig) -> bool:
-    """Whether a probe is in flight and should have been reported by now."""
-    return state.pending_since is not None and now - state.pending_since >= 2 * config.timeout
+    """Whether a probe is in flight and should have been reported by now.
+
+    ``now >= since + 2·timeout``, not ``now - since >= 2·timeout``: the health policy wakes at
+    ``since + 2·timeout``, and at that float the two forms can disagree (a wake-up that finds
+    nothing due, then asks to wake at the same instant again, for ever)."""
+    return state.pending_since is not None and now >= state.pending_since + 2 * config.timeout
 
 
 def in_flight(state: ProbeState, now: float, config: ActiveCheckConfig) -> bool:
