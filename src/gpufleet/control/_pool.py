@@ -554,7 +554,7 @@ class PoolController:
             tried = req.tried = [failed]
         else:
             tried.append(failed)
-        replica = self._next_candidate(now, req, tried)
+        replica, panic = self._next_candidate(now, req, tried)
         if replica is None:
             self.counters.no_replica += 1
             self._finish(req, RejectReason.EXHAUSTED, out)
@@ -574,28 +574,30 @@ class PoolController:
         if free:
             self.counters.free_retries += 1
         self._start(now, req, replica, retry=not free)
-        out.append(Route(req.request.request_id, replica, True, "", False, 0))
+        out.append(Route(req.request.request_id, replica, True, "", panic, 0))
 
     def _next_candidate(
         self, now: float, req: _Request, tried: list[ReplicaId]
-    ) -> ReplicaId | None:
-        """The next reachable candidate of the request's ranking; when those are used up
-        (the ranking was made while fewer replicas were routable), the best reachable
-        replica of a new ranking that it has not tried. ``None``: none, or no retry left
-        (``1 + max_retries`` attempts in all, each on another replica)."""
-        reachable = self._reachable
+    ) -> tuple[ReplicaId | None, bool]:
+        """The next candidate of the request's ranking that is still reachable and that
+        health has not taken out since the ranking was made; when those are used up, the
+        best reachable replica of a new ranking that it has not tried. ``None``: none, or no
+        retry left (``1 + max_retries`` attempts in all, each on another replica). With it,
+        whether the new ranking was a panic one (every replica, ejected ones too)."""
+        reachable, views = self._reachable, self._views
         while req.candidates:
             replica = req.candidates.pop(0)
-            if replica in reachable:
-                return replica
+            view = views.get(replica)
+            if replica in reachable and (view is None or view.state not in _OUT):
+                return replica, False
         if len(tried) >= self._tries:
-            return None
+            return None, False
         ranking = self.router.rank(now, req.request, self.view)
         self.counters.routed += 1
         for replica in chain.from_iterable(ranking.tiers):
             if replica in reachable and replica not in tried:
-                return replica
-        return None
+                return replica, ranking.panic
+        return None, False
 
     def _resume(self, now: float, req: _Request, broken: ReplicaId, out: list[Command]) -> None:
         """A stream broke after its first byte: continue it on the best reachable replica of
