@@ -192,6 +192,10 @@ class SimControl:
         self._on_refuse = on_refuse
         self.blackout: set[int] = set()
         """Replicas whose scrapes do not update (a metric blackout)."""
+        self.erroring: set[int] = set()
+        """Replicas that answer each new attempt with a 5xx (an ``errors`` fault)."""
+        self.refused_attempts = 0
+        """Attempts an erroring replica answered with a 5xx."""
         self.scrapes = 0
         self.ejections: list[EjectionRecord] = []
         self.refused_pool: dict[int, str] = {}
@@ -454,10 +458,14 @@ class SimControl:
     ) -> list[ScheduledEvent]:
         harness = self._harness
         assert harness is not None
-        k = self.replicas.by_id[replica].driver
+        entry = self.replicas.by_id[replica]
+        k = entry.driver
         assert k is not None, replica
         if resume:
             return harness.submit_resume(now, index, k)
+        if k in self.erroring:  # a 5xx before any byte: the request stays where it was
+            self.refused_attempts += 1
+            return self._tell(now, AttemptFailed(entry.model, str(index), Outcome.REPLICA_ERROR))
         pending = self._pending.pop(index, None)
         if pending is not None:  # its first attempt
             request = pending.request

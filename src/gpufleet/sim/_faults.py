@@ -6,6 +6,7 @@ A scenario is a list of faults, written in a ``faults:`` YAML file or as ``--fau
       - crash: {replica: llama-3.1-8b-2, at: 300, startup_s: 90}
       - slow: {replica: llama-3.1-8b-0, factor: 3, from: 100, to: 400}
       - blackout: {replica: llama-3.1-8b-1, from: 200, to: 260}
+      - errors: {replica: llama-3.1-8b-2, from: 50, to: 120}   # answers 5xx, /health fine
       - mtbf: {hours: 2.0, startup_s: 120}   # every replica: exponential time to failure
 
 Faults live in the simulated replicas and network; the control logic (routers, health
@@ -17,6 +18,9 @@ observes: failed attempts, probes, scrapes that stop moving::
               ─► Restart @ t + startup_s ─► READY: checks start over, READY the first pass
     SlowStart / SlowEnd ─► model.set_slowdown(factor) / (1.0)
     BlackoutStart / End ─► the replica's scrapes stop / resume updating
+    Errors on / off ─► each new attempt sent there fails at once with a 5xx (REPLICA_ERROR,
+              before any byte: retried by the budget's rule); probes still pass, so only
+              outlier detection (consecutive 5xx) takes it out: a gray failure
 
 A replica with ``tp`` GPUs fails ``tp`` times as often as one GPU: ``mtbf.hours`` is per
 GPU (6–12 months, 4,400–8,800 h, for data-centre GPUs; scale it down for short runs).
@@ -92,6 +96,23 @@ class BlackoutFault(_Fault):
         return self
 
 
+class ErrorFault(_Fault):
+    """``replica`` answers every new request with a 5xx from ``from`` to ``to`` while its
+    process lives and its ``/health`` passes (the sim engine's ``--fault-error-status``).
+    Resumed streams are not refused (a resume is rare and short; the model keeps them)."""
+
+    kind: Literal["errors"] = "errors"
+    replica: str
+    start: float = Field(alias="from", ge=0.0)
+    end: float = Field(math.inf, alias="to")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ErrorFault:
+        if not self.end > self.start:
+            raise ValueError(f"'to' ({self.end}) must be after 'from' ({self.start})")
+        return self
+
+
 class MtbfFault(_Fault):
     """Every replica crashes after exponential times with mean ``hours`` per GPU ÷ TP."""
 
@@ -100,9 +121,11 @@ class MtbfFault(_Fault):
     startup_s: float = Field(DEFAULT_STARTUP_S, ge=0.0)
 
 
-Fault = Annotated[CrashFault | SlowFault | BlackoutFault | MtbfFault, Field(discriminator="kind")]
+Fault = Annotated[
+    CrashFault | SlowFault | BlackoutFault | ErrorFault | MtbfFault, Field(discriminator="kind")
+]
 _ADAPTER: Final[TypeAdapter[Fault]] = TypeAdapter(Fault)
-FAULT_KINDS: Final = ("blackout", "crash", "mtbf", "slow")
+FAULT_KINDS: Final = ("blackout", "crash", "errors", "mtbf", "slow")
 
 
 def parse_fault(data: Mapping[str, Any] | str) -> Fault:
@@ -196,6 +219,13 @@ class Blackout:
     on: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Errors:
+    target: FaultInjector
+    replica: int
+    on: bool
+
+
 class FaultInjector:
     """Plays a scenario's faults into one harness and its :class:`~gpufleet.sim.SimControl`.
 
@@ -239,21 +269,31 @@ class FaultInjector:
                 raise ValueError(
                     f"fault {fault.kind}: no replica {fault.replica!r} (replicas: {known})"
                 )
-            match fault:
-                case CrashFault():
-                    events.append(self._at(fault.at, Crash(self, replica, fault.startup_s)))
-                case SlowFault():
-                    events.append(self._at(fault.start, Slow(self, replica, fault.factor)))
-                    if math.isfinite(fault.end):
-                        events.append(self._at(fault.end, Slow(self, replica, 1.0)))
-                case BlackoutFault():
-                    events.append(self._at(fault.start, Blackout(self, replica, True)))
-                    if math.isfinite(fault.end):
-                        events.append(self._at(fault.end, Blackout(self, replica, False)))
+            events += self._scheduled(fault, replica)
         if self._mtbf is not None:
             for replica in range(len(self._gpus)):
                 events.append(self._next_failure(kernel.now, replica))
         kernel.schedule_all(sorted(events, key=lambda e: e.time))
+
+    def _scheduled(self, fault: Fault, replica: int) -> list[ScheduledEvent]:
+        """The events of one fault on replica ``replica``: its start, and its end if any."""
+        on: Event
+        off: Event
+        match fault:
+            case CrashFault():
+                return [self._at(fault.at, Crash(self, replica, fault.startup_s))]
+            case SlowFault():
+                on, off = Slow(self, replica, fault.factor), Slow(self, replica, 1.0)
+            case BlackoutFault():
+                on, off = Blackout(self, replica, True), Blackout(self, replica, False)
+            case ErrorFault():
+                on, off = Errors(self, replica, True), Errors(self, replica, False)
+            case _:
+                raise AssertionError(fault)
+        events = [self._at(fault.start, on)]
+        if math.isfinite(fault.end):
+            events.append(self._at(fault.end, off))
+        return events
 
     def replica_added(self, now: float, replica: int, gpus: int) -> None:
         """Replica ``replica`` (``gpus`` GPUs) joined the fleet: MTBF applies to it too."""
@@ -295,10 +335,11 @@ class FaultInjector:
             case Slow(replica=replica, factor=factor):
                 harness.drivers[replica].model.set_slowdown(factor)
                 return []
-            case Blackout(replica=replica, on=on):
+            case Blackout(replica=replica, on=on) | Errors(replica=replica, on=on):
+                affected = routing.blackout if isinstance(event, Blackout) else routing.erroring
                 if on:
-                    routing.blackout.add(replica)
+                    affected.add(replica)
                 else:
-                    routing.blackout.discard(replica)
+                    affected.discard(replica)
                 return []
         raise AssertionError(event)

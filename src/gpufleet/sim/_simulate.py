@@ -546,7 +546,7 @@ def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
     routing = sim.routing
     ejections = routing.ejections
     counters = [p.counters for p in sim.control.pools.values()]
-    return {
+    report: dict[str, Any] = {
         "scenario": [fault_spec(f) for f in sim.options.faults],
         "crashes": sim.faults.crashes,
         "requests_failed": sim.harness.failed,
@@ -577,6 +577,9 @@ def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
         },
         "downtime_s": _r(math.fsum(d.downtime(sim.now) for d in sim.harness.drivers), 3),
     }
+    if any(f.kind == "errors" for f in sim.options.faults):
+        report["error_answers"] = routing.refused_attempts  # attempts answered with a 5xx
+    return report
 
 
 def _finite(count: float, span: float) -> float | None:
