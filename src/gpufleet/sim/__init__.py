@@ -6,6 +6,7 @@ docs/design/sim-kernel.md explains the kernel and the driver, docs/traces.md the
 from gpufleet.sim._admission import SimTenant, TenantMix, parse_tenant
 from gpufleet.sim._arrivals import ArrivalProcess
 from gpufleet.sim._autoscale import Phase
+from gpufleet.sim._chaos import ChaosResult, ChaosScenario, chaos_run, chaos_scenario
 from gpufleet.sim._control import (
     SimControl,
     token_prefix_hashes,
@@ -13,6 +14,7 @@ from gpufleet.sim._control import (
 from gpufleet.sim._faults import (
     BlackoutFault,
     CrashFault,
+    ErrorFault,
     Fault,
     FaultInjector,
     MtbfFault,
@@ -69,10 +71,13 @@ __all__ = [
     "URGENT",
     "ArrivalProcess",
     "BlackoutFault",
+    "ChaosResult",
+    "ChaosScenario",
     "Chooser",
     "ChooserRouting",
     "CrashFault",
     "DiurnalCurve",
+    "ErrorFault",
     "Event",
     "Fault",
     "FaultInjector",
@@ -108,6 +113,8 @@ __all__ = [
     "TraceReader",
     "TraceRequest",
     "TraceSpec",
+    "chaos_run",
+    "chaos_scenario",
     "cheapest_met",
     "detect_format",
     "load_faults",
