@@ -641,16 +641,17 @@ class FleetConfig(_Strict):
         return self
 
     def served_names(self) -> tuple[ServedConfig, ...]:
-        """Every name the gateway serves: each pool that no ``served`` entry lists as a
-        variant, under its own name (one variant of weight 1, the pool's ``fallbacks``), in
-        the file's order; then the ``served`` entries."""
+        """Every name the gateway serves: the ``served`` entries, then each pool that no
+        entry lists as a variant, under its own name (one variant of weight 1, the pool's
+        ``fallbacks``), in the file's order. The first is what the simulator sends a trace's
+        requests that name no model to."""
         listed = {v.pool for entry in self.served for v in entry.variants}
         own = tuple(
             ServedConfig(name=m.name, variants=(VariantConfig(pool=m.name),), fallbacks=m.fallbacks)
             for m in self.models
             if m.name not in listed
         )
-        return own + self.served
+        return self.served + own
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

@@ -227,8 +227,8 @@ class FallbackReason:
     :class:`RejectReason` of the pool it was in (every one but ``broken``), or this."""
 
     CONTEXT: Final = "context"
-    """Its prompt (the shell's estimate of its tokens) is longer than the context of every
-    variant of the name it leaves."""
+    """Its prompt (the shell's estimate of its tokens) and the output it asks for are longer
+    than the context of every variant of the name it leaves."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +305,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
             }
             if resumable:  # absent: not resumable (and recordings made before resumes)
                 line["resumable"] = True
+            if r.max_tokens is not None:  # absent: not said (and recordings made before)
+                line["max_tokens"] = r.max_tokens
             return line
         case AttemptFailed(model=model, request_id=rid, outcome=outcome, streamed=streamed):
             return {
@@ -347,6 +349,7 @@ def _arrived(d: dict[str, Any]) -> Arrived:
         prompt_tokens=int(d["prompt_tokens"]),
         session_key=d["session"],
         tenant=d["tenant"],
+        max_tokens=None if d.get("max_tokens") is None else int(d["max_tokens"]),
     )
     deadline = d["deadline"]
     return Arrived(

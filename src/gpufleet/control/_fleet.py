@@ -227,8 +227,7 @@ class FleetController:
         if served.plain:
             self.touched = name
             return self.pools[name].handle(now, event)
-        reach = served.reach
-        flight = Flight(event, reach is None or event.request.prompt_tokens <= reach)
+        flight = Flight(event, served.reach)
         self._flights[event.request.request_id] = flight
         served.arrived += 1
         out: list[Command] = []
@@ -264,7 +263,7 @@ class FleetController:
             pool = choose(served, flight, self._contexts)
             if pool is None:  # none it has not tried holds its prompt
                 continue
-            if flight.step < 0:
+            if step == 0:  # its name's own split (not a fallback's, not a second try)
                 served.chosen[pool] = served.chosen.get(pool, 0) + 1
             arrived = flight.arrived
             request = arrived.request

@@ -6,9 +6,10 @@ cannot answer. Written once, for the gateway and the simulator (both drive
 
     Arrived(model="chat") ─► chain = chat, *chat.fallbacks      (the name the client sent)
                              step 0: chat's variants ─► choose_variant(session key) ─► pool
-                                     (only variants whose context holds the prompt, when
-                                      one in the chain does; a prompt no pool holds goes
-                                      where it would have: its engine answers the 400)
+                                     (only variants whose context holds the prompt and the
+                                      output asked for, when one in the chain does; one no
+                                      pool holds goes where it would have: its engine
+                                      answers the 400)
     Reject(shed | expired | no_replica | hold_* | exhausted) from that pool
                            ─► Fallback ─► step 1: the next name's variant (same key) …
                            ─► the last name's Reject is the request's
@@ -42,11 +43,13 @@ class ServedModel:
     """One variant, the pool of its own name, no fallbacks: no bookkeeping."""
     reach: int | None = None
     """The longest context among the pools it can reach (``None``: some pool's is not
-    known): a prompt within it is sent only to variants whose context holds it."""
+    known): a request within it (prompt and asked-for output) is sent only to variants
+    whose context holds it."""
     arrived: int = 0
     """Requests that named it (counted for the names that are not plain)."""
     chosen: dict[str, int] = field(default_factory=dict)
-    """Per pool: requests whose first choice it was (the weighted split, as it came out)."""
+    """Per pool: requests that named this name and were sent to that variant (the weighted
+    split as it came out; a request no variant could hold went to a fallback instead)."""
 
     @property
     def chain(self) -> tuple[str, ...]:
@@ -101,15 +104,18 @@ class Flight:
     """A request of a name that is not plain, from its arrival until it ends: where it is
     and what it tried (a plain class: one per such request)."""
 
-    __slots__ = ("arrived", "fit", "key", "name", "pool", "step", "tried")
+    __slots__ = ("arrived", "fit", "key", "name", "need", "pool", "step", "tried")
 
-    def __init__(self, arrived: Arrived, fit: bool) -> None:
+    def __init__(self, arrived: Arrived, reach: int | None) -> None:
         self.arrived = arrived
         request = arrived.request
         self.key = request.session_key or request.request_id
         """What picks its variant at every step: its session key, else its own id."""
-        self.fit = fit
-        """Whether only variants whose context holds its prompt are chosen."""
+        self.need = request.prompt_tokens + (request.max_tokens or 0)
+        """The context it needs: its prompt and the output it asks for."""
+        self.fit = reach is None or self.need <= reach
+        """Whether only variants whose context holds it are chosen (some pool of its chain
+        does; else it goes where it would without a context rule, and its engine says no)."""
         self.name = request.model
         """The served name it is in now (a step of its chain)."""
         self.step = -1
@@ -119,12 +125,12 @@ class Flight:
 
 def choose(served: ServedModel, flight: Flight, contexts: dict[str, int | None]) -> str | None:
     """The pool of ``served`` that ``flight`` goes to: not one it tried, holding its prompt
-    if it must; ``None``: none."""
-    prompt = flight.arrived.request.prompt_tokens
+    and output if it must; ``None``: none."""
+    need = flight.need
     candidates = [
         (pool, weight)
         for pool, weight in served.variants
         if pool not in flight.tried
-        and (not flight.fit or (context := contexts[pool]) is None or prompt <= context)
+        and (not flight.fit or (context := contexts[pool]) is None or need <= context)
     ]
     return choose_variant(flight.key, candidates) if candidates else None
