@@ -47,7 +47,14 @@ from gpufleet.control._events import (
     event_to_json,
 )
 from gpufleet.control._pool import PoolController
-from gpufleet.control._served import Flight, ServedModel, choose, served_models
+from gpufleet.control._served import (
+    Flight,
+    ServedModel,
+    choose,
+    in_pool,
+    route_in,
+    served_models,
+)
 from gpufleet.control._settings import PoolSettings
 
 RECORDING_VERSION: Final = 1
@@ -275,7 +282,7 @@ class FleetController:
             flight.step, flight.name, flight.pool = step, served.name, pool
             flight.tried.append(pool)
             if request.model != pool:
-                arrived = replace(arrived, request=replace(request, model=pool))
+                arrived = in_pool(arrived, pool)
             out.extend(self._follow(now, self.pools[pool].handle(now, arrived)))
             return True
         return False
@@ -288,7 +295,7 @@ class FleetController:
         for command in commands:
             if isinstance(command, Route):
                 flight = flights.get(command.request_id)
-                out.append(command if flight is None else replace(command, model=flight.pool))
+                out.append(command if flight is None else route_in(command, flight.pool))
             elif isinstance(command, Reject) and (flight := flights.get(command.request_id)):
                 if command.reason != RejectReason.BROKEN and self._enter(
                     now, flight, command.reason, out
@@ -296,7 +303,9 @@ class FleetController:
                     self.touched = None  # it moved to another pool
                 else:
                     del flights[command.request_id]  # its last word
-                    out.append(replace(command, model=flight.pool))
+                    out.append(
+                        Reject(command.request_id, command.reason, command.budget, flight.pool)
+                    )
             else:
                 out.append(command)
         return out
