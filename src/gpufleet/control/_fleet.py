@@ -201,8 +201,9 @@ class FleetController:
         self.log = log
 
     def handle(self, now: float, event: Event) -> list[Command]:
+        followed = False
         if isinstance(event, Arrived):
-            commands = self._arrived(now, event)
+            commands, followed = self._arrived(now, event)
         elif isinstance(event, Tick):
             self.touched = None
             commands = []
@@ -220,20 +221,22 @@ class FleetController:
             self.touched = event.model
             pool = self.pools.get(event.model)
             commands = [] if pool is None else pool.handle(now, event)
-        if self._flights and commands:
+        if self._flights and commands and not followed:
             commands = self._follow(now, commands)
         if self.log is not None:
             self.log.write(now, event, commands)
         return commands
 
-    def _arrived(self, now: float, event: Arrived) -> list[Command]:
+    def _arrived(self, now: float, event: Arrived) -> tuple[list[Command], bool]:
+        """A request arrives at its served name: its commands, and whether they were
+        followed already (a name that is not plain: by :meth:`_enter`)."""
         name = event.request.model
         served = self.served.get(name)
         if served is None:
             raise ValueError(f"no served model {name!r} (served: {', '.join(self.served)})")
         if served.plain:
             self.touched = name
-            return self.pools[name].handle(now, event)
+            return self.pools[name].handle(now, event), False
         flight = Flight(event, served.reach)
         self._flights[event.request.request_id] = flight
         served.arrived += 1
@@ -241,7 +244,7 @@ class FleetController:
         self._enter(now, flight, None, out)
         # one pool's view can have changed, unless it moved on (or skipped a name)
         self.touched = flight.pool if flight.step == 0 and len(flight.tried) == 1 else None
-        return out
+        return out, True
 
     def _request_event(
         self, now: float, event: AttemptFailed | Finished | ClientGone

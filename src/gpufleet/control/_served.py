@@ -21,6 +21,7 @@ decide, and record, exactly as before.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gpufleet.config import FleetConfig
@@ -69,7 +70,7 @@ class ServedModel:
                     f"weights: {pool!r} is not a variant of {self.name!r} "
                     f"(variants: {', '.join(current)})"
                 )
-            if not weight >= 0:
+            if not (math.isfinite(weight) and weight >= 0):
                 raise ValueError(f"weights: {pool!r}: {weight!r} is not a weight (≥ 0)")
             current[pool] = weight
         if not any(w > 0 for w in current.values()):
