@@ -1,8 +1,9 @@
 """Fuzzing the HTTP API: hypothesis sends random requests over real HTTP to a real gateway
 over a real sim replica, with auth off and on (real keys, the admin credential).
 
-Bodies: chat- and completion-like objects with fields of random shapes and types (huge
-numbers, unicode, missing fields), tenant settings for the admin API, any JSON value,
+Bodies: chat- and completion-like objects, and those of the routes beside them (responses,
+embeddings, tokenize, detokenize, rerank, score), with fields of random shapes and types
+(huge numbers, unicode, missing fields), tenant settings for the admin API, any JSON value,
 arbitrary bytes. Headers: good, bad and garbled keys, deadlines, request and session ids.
 Methods and paths: every route with every method, and made-up ones.
 
@@ -385,6 +386,68 @@ def test_completions(
     gw, key = auth_gateway if auth else (open_gateway, "")
     if auth:
         headers = {**headers, "authorization": f"Bearer {key}".encode()}
+    exchange(client, gw.url, ("POST", path, {}), headers, json.dumps(body).encode())
+
+
+valid_surface = st.fixed_dictionaries(
+    {
+        "model": st.just(MODEL),
+        "input": st.text(max_size=30)
+        | st.lists(st.text(max_size=10), min_size=1, max_size=3)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=20)}
+            ),
+            min_size=1,
+            max_size=2,
+        ),
+        "prompt": st.text(max_size=30),
+        "tokens": st.lists(st.integers(0, 1000), max_size=5),
+        "max_output_tokens": st.integers(1, 8),
+    },
+    optional={"stream": st.booleans(), "instructions": st.text(max_size=20)},
+)
+served_surface = mutated(
+    valid_surface,
+    {
+        "input": st.lists(st.integers(-1, 2**40), max_size=3)
+        | st.lists(st.lists(st.integers(-5, 200_000), max_size=3), max_size=2)
+        | st.lists(message | st.text(max_size=6), max_size=3),
+        "instructions": values,
+        "tokens": st.lists(st.integers(-2, 2**33), max_size=4),
+        "encoding_format": st.sampled_from(["float", "base64", "int8"]),
+        "dimensions": st.integers(-1, 10**5),
+        "max_output_tokens": odd_ints,
+        "messages": st.lists(message, max_size=2),
+        "stream": st.booleans(),
+        "previous_response_id": values,
+        "background": values,
+        "query": values,
+        "documents": values,
+    },
+)
+surface_paths = st.sampled_from(
+    ["/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize", "/v1/rerank", "/score"]
+)
+
+
+@settings(FUZZ, max_examples=200)
+@given(
+    target=st.tuples(surface_paths, st.booleans()),
+    body=served_surface | completion,
+)
+def test_the_other_model_routes(
+    gateways: tuple[Running, tuple[Running, str]],
+    client: httpx.Client,
+    target: tuple[str, bool],
+    body: dict[str, object],
+) -> None:
+    """Issue 19: responses, embeddings, tokenize, detokenize, rerank and score bodies of every
+    shape, auth off or on: the same rule (nothing but 502/503/504 may be a 5xx)."""
+    path, auth = target
+    open_gateway, auth_gateway = gateways
+    gw, key = auth_gateway if auth else (open_gateway, "")
+    headers = {"authorization": f"Bearer {key}".encode()} if auth else {}
     exchange(client, gw.url, ("POST", path, {}), headers, json.dumps(body).encode())
 
 

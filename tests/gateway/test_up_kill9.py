@@ -188,3 +188,96 @@ def test_kill_9_of_a_replica_under_load_fails_no_request(tmp_path: Path) -> None
     ]
     assert retried, "no kill caught a request in flight"
     assert float(retried[0].split()[-1]) >= KILLS
+
+
+def test_kill_9_of_a_replica_under_embeddings_and_responses_fails_no_request(
+    tmp_path: Path,
+) -> None:
+    """Issue 19: the routes beside chat take the same path through the gateway. 16 clients
+    (the official client, no client retries, auth on) mix embeddings and Responses API calls
+    on two replicas; one replica is SIGKILLed, restarted, then the other, three kills in all:
+    none fails, and every request a client saw complete is in the ledger with its tokens.
+    (Whole answers: a Responses API stream is never resumed, so one cut mid-way fails.)"""
+    (tmp_path / "fleet.yaml").write_text(TWO)
+    home = tmp_path / "home"
+    home.mkdir()
+    url = f"sqlite:///{home / 'gpufleet.db'}"
+    env = {**os.environ, "GPUFLEET_HOME": str(home), "GPUFLEET_DB_URL": url}
+    store = Store.open(url)
+    _, key = store.create_key("mixed")
+    process, base = start_up(
+        tmp_path / "fleet.yaml", tmp_path / "up.out", "--auth", run_dir=tmp_path / "run", env=env
+    )
+    done = threading.Event()
+    lock = threading.Lock()
+    served: dict[str, int] = {}  # request id -> the tokens its answer reported
+    failed: Counter[str] = Counter()
+
+    def send(worker: int) -> None:
+        with openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0) as client:
+            i = 0
+            while not done.is_set():
+                i += 1
+                rid = f"w{worker}-{i}"
+                headers = {"x-request-id": rid}
+                try:
+                    if (worker + i) % 2:
+                        embedded = client.embeddings.create(
+                            model="llama-3.1-8b",
+                            input=[f"client {worker}", f"request {i}"],
+                            extra_headers=headers,
+                        )
+                        tokens = embedded.usage.prompt_tokens
+                    else:
+                        answer = client.responses.create(
+                            model="llama-3.1-8b",
+                            input=f"client {worker}, response {i}",
+                            max_output_tokens=16,
+                            extra_headers=headers,
+                        )
+                        assert answer.usage is not None
+                        tokens = answer.usage.total_tokens
+                except openai.APIError as error:
+                    with lock:
+                        failed[str(error)[:160]] += 1
+                else:
+                    with lock:
+                        served[rid] = tokens
+
+    threads = [threading.Thread(target=send, args=(w,)) for w in range(CLIENTS)]
+    try:
+        wait_ready(base, timeout=30)
+        _routable(base, 2)
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        for kill in range(3):
+            before = len(served)
+            os.kill(_replica_pids(process.pid)[0], signal.SIGKILL)
+            _routable(base, 2)
+            assert len(served) > before, f"kill {kill}: nothing was served"
+        done.set()
+        for t in threads:
+            t.join(timeout=30)
+        metrics = httpx.get(base + "/metrics", headers={"authorization": f"Bearer {key}"}).text
+        process.send_signal(signal.SIGTERM)  # a clean stop: the journal reaches the database
+        process.wait(timeout=30)
+        rows = store.usage(tenant="mixed")
+        ledgered = store.usage_ids()
+    finally:
+        done.set()
+        stop(process)
+        store.close()
+    assert not failed, f"{sum(failed.values())} of {len(served)} requests failed: {dict(failed)}"
+    print(f"{len(served)} embeddings and responses over 3 kills, none failed")
+    assert len(served) > 100
+    assert not set(served) - ledgered, "a served request is missing from the ledger"
+    (row,) = rows
+    assert (row.requests, row.errors) == (len(served), 0)
+    assert row.prompt_tokens + row.completion_tokens == sum(served.values())  # as answered
+    retried = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('gpufleet:gateway_retries_total{model="llama-3.1-8b",outcome="connect')
+    ]
+    assert retried, "no kill caught a request in flight"

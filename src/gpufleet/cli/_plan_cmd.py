@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+import os
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
 from gpufleet.catalog import get_gpu, get_model
 from gpufleet.cli._errors import user_errors
+from gpufleet.cli._plan_simulate import PlanSimulation, simulate_plan, template_of, trace_workload
 from gpufleet.cli._plan_view import render
-from gpufleet.perf import parse_dtype
+from gpufleet.config import DEFAULT_FLEET, load_fleet
+from gpufleet.perf import Dtype, parse_dtype
 from gpufleet.planner import PlanReport, PlanRequest
 from gpufleet.planner import plan as make_plan
+from gpufleet.sim import SAMPLE_TRACE, TraceFormat, TraceSpec
 
 DEFAULT_GPUS = "h100-sxm,h200,a100-80gb-sxm,l40s"
 
@@ -38,6 +44,16 @@ _FLAGS = {  # pydantic field → the flag a user typed, for error messages
     "fleet.prices": "--price",
 }
 
+_WORKLOAD_FLAGS = (  # parameter → flag: with --simulate, the trace is the workload
+    ("rps", "--rps"),
+    ("tokens_per_s", "--tokens-per-s"),
+    ("input_tokens", "--input-tokens"),
+    ("output_tokens", "--output-tokens"),
+    ("input_p99_tokens", "--input-p99-tokens"),
+    ("output_p99_tokens", "--output-p99-tokens"),
+    ("peak_to_mean", "--peak-to-mean"),
+)
+
 
 def _rename(message: str) -> str:
     for field, flag in _FLAGS.items():
@@ -61,6 +77,7 @@ def _prices(items: list[str]) -> dict[str, float]:
 
 
 def plan(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help="Catalog model name or a config.json path.")] = (
         "llama-3.1-8b"
     ),
@@ -102,6 +119,96 @@ def plan(
     details: Annotated[bool, typer.Option(help="Detail every GPU type, not just the best.")] = (
         False
     ),
+    simulate: Annotated[
+        bool,
+        typer.Option(
+            "--simulate",
+            help="Simulate the planner's candidates on a trace and pick the cheapest that "
+            "meets the SLO (docs/planner.md).",
+            rich_help_panel="Checked by simulation",
+        ),
+    ] = False,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --simulate: the trace, also the workload (default: the packaged Azure "
+            "2023 conversation hour).",
+            rich_help_panel="Checked by simulation",
+        ),
+    ] = None,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="The trace's format (detected): azure, mooncake, burstgpt, jsonl, recording.",
+            rich_help_panel="Checked by simulation",
+        ),
+    ] = None,
+    rate_scale: Annotated[
+        float,
+        typer.Option(
+            help="Replay the trace this many times faster.", rich_help_panel="Checked by simulation"
+        ),
+    ] = 1.0,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            help="Only the trace's first S (scaled) seconds.",
+            rich_help_panel="Checked by simulation",
+        ),
+    ] = None,
+    fleet: Annotated[
+        Path | None,
+        typer.Option(
+            help="A one-model fleet file whose routing, health, start-up and gateway the "
+            "candidates take (default: the packaged default fleet).",
+            rich_help_panel="Checked by simulation",
+        ),
+    ] = None,
+    attainment: Annotated[
+        float | None,
+        typer.Option(
+            help="Least share of requests within the TTFT and TPOT targets (default: not judged).",
+            rich_help_panel="Checked by simulation",
+        ),
+    ] = None,
+    autoscale: Annotated[
+        bool,
+        typer.Option(
+            "--autoscale",
+            help="Add an autoscaled candidate per layout (min 2 replicas).",
+            rich_help_panel="Checked by simulation",
+        ),
+    ] = False,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            help="Stop candidates early (exact rules).", rich_help_panel="Checked by simulation"
+        ),
+    ] = True,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes (default: the CPU count).", rich_help_panel="Checked by simulation"
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="The runs' seed (default: the fleet's gateway.seed).",
+            rich_help_panel="Checked by simulation",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --simulate: where plan-simulate.json, pareto.png and fleet.yaml go.",
+            rich_help_panel="Checked by simulation",
+        ),
+    ] = None,
+    plots: Annotated[
+        bool, typer.Option(help="Draw pareto.png.", rich_help_panel="Checked by simulation")
+    ] = True,
 ) -> None:
     """Plan a fleet: memory, parallelism, KV capacity, replicas, cost and power per GPU type.
 
@@ -113,6 +220,16 @@ def plan(
         typer.echo(json.dumps(PlanReport.model_json_schema(), indent=2))
         return
     with user_errors(_rename):
+        setup, trace_load = None, None
+        if simulate:
+            _simulate_checks(ctx, weights_dtype, kv_dtype)
+            setup, trace_load = _simulation(
+                trace, fmt, rate_scale, duration, fleet, seed, jobs, attainment, autoscale,
+                prune, out, plots,
+            )  # fmt: skip
+            rps = trace_load["rps"]
+        elif trace is not None or out is not None or fleet is not None:
+            raise ValueError("--trace, --fleet and --out go with --simulate")
         if rps is not None and tokens_per_s is not None:
             raise ValueError("give --rps or --tokens-per-s, not both")
         spec = get_model(model)
@@ -128,7 +245,8 @@ def plan(
             {
                 "weights_dtype": parse_dtype(weights_dtype),
                 "kv_dtype": parse_dtype(kv_dtype, kv=True),
-                "workload": {
+                "workload": trace_load
+                or {
                     "rps": mean_rps,
                     "input_tokens": input_tokens,
                     "output_tokens": output_tokens,
@@ -156,7 +274,81 @@ def plan(
             }
         )
         report = make_plan(spec, gpus, request)
+        if setup is not None:
+            console = Console(highlight=False)
+            if not console.is_terminal:  # piped or captured: wide enough for the table
+                console.width = max(console.width, 160)
+            simulate_plan(report, request, setup, console)
+            return
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
     else:
         render(report, details=details)
+
+
+def _simulate_checks(ctx: typer.Context, weights_dtype: str, kv_dtype: str) -> None:
+    """What --simulate refuses: workload flags (the trace is the workload), other dtypes."""
+    for name, flag in _WORKLOAD_FLAGS:
+        source = ctx.get_parameter_source(name)  # typer carries its own click: by name
+        if source is not None and source.name == "COMMANDLINE":
+            raise ValueError(
+                f"{flag}: with --simulate the trace is the workload "
+                "(--rate-scale and --duration change it)"
+            )
+    dtypes = {parse_dtype(weights_dtype), parse_dtype(kv_dtype, kv=True)}
+    if dtypes != {Dtype.BF16}:
+        raise ValueError(
+            "--simulate models bf16 weights and KV cache (a fleet file names no dtype)"
+        )
+
+
+def _simulation(
+    trace: Path | None,
+    fmt: str | None,
+    rate_scale: float,
+    duration: float | None,
+    fleet: Path | None,
+    seed: int | None,
+    jobs: int | None,
+    attainment: float | None,
+    autoscale: bool,
+    prune: bool,
+    out: Path | None,
+    plots: bool,
+) -> tuple[PlanSimulation, dict[str, Any]]:
+    """``--simulate``'s setup, checked before anything runs, and the trace's workload."""
+    if out is None:
+        raise ValueError("--simulate needs --out (a directory for its files)")
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    if attainment is not None and not 0 < attainment <= 1:
+        raise ValueError(f"--attainment must be in (0, 1], got {attainment}")
+    template_path = fleet if fleet is not None else DEFAULT_FLEET
+    template = template_of(template_path)
+    run_seed = seed if seed is not None else load_fleet(template_path).gateway.seed
+    label = str(trace) if trace is not None else "the Azure 2023 conversation hour"
+    path = trace if trace is not None else SAMPLE_TRACE
+    if not path.exists():
+        raise ValueError(f"{path}: no such trace file")
+    spec = TraceSpec(
+        path,
+        TraceFormat(fmt) if fmt is not None else None,
+        rate_scale=rate_scale,
+        duration=duration,
+        seed=run_seed,
+    )
+    found = trace_workload(spec.open())
+    setup = PlanSimulation(
+        trace=spec,
+        trace_label=label,
+        requests=found.requests,
+        span_s=found.span_s,
+        template=template,
+        jobs=jobs if jobs is not None else os.cpu_count() or 1,
+        attainment=attainment,
+        autoscale=autoscale,
+        prune=prune,
+        out=out,
+        plots=plots,
+    )
+    return setup, found.workload

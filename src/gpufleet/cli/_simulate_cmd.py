@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpufleet.cli._errors import user_errors
+from gpufleet.cli._sweep_cmd import SweepSetup, parse_sweeps, sweep_fleets
 from gpufleet.config import DEFAULT_FLEET, FleetConfig, load_fleet
 from gpufleet.sim import (
     SAMPLE_TRACE,
@@ -24,6 +27,7 @@ from gpufleet.sim import (
     SimOptions,
     TraceFormat,
     TraceReader,
+    TraceSpec,
     load_faults,
     load_trace,
     parse_fault,
@@ -288,6 +292,74 @@ def _fleet_paths(fleets: list[Path] | None, fleet: Path | None, *, compare: bool
     return [fleet if fleet is not None else DEFAULT_FLEET]
 
 
+def _scenario(
+    faults: Path | None, fault: list[str] | None, mtbf_hours: float | None
+) -> tuple[Fault, ...]:
+    """The faults of a run: a scenario file's, then --fault's, then --mtbf-hours'."""
+    scenario: list[Fault] = load_faults(faults) if faults is not None else []
+    scenario += [parse_fault(spec) for spec in fault or []]
+    if mtbf_hours is not None:
+        scenario.append(parse_fault({"mtbf": {"hours": mtbf_hours}}))
+    return tuple(scenario)
+
+
+def _sweep(
+    sweep: list[str],
+    fleet: Path,
+    trace_path: Path,
+    fmt: str | None,
+    rate_scale: float,
+    duration: float | None,
+    arrival_rate: float | None,
+    arrival_cv: float,
+    options: SimOptions,
+    total: tuple[int, float],
+    jobs: int | None,
+    attainment: float | None,
+    prune: bool,
+    out: Path,
+    plots: bool,
+    one_fleet_only: bool,
+) -> None:
+    """``--sweep``: every combination of the swept fields (cli/_sweep_cmd.py)."""
+    if one_fleet_only:
+        raise ValueError("--sweep varies one fleet file: not with --compare or --record")
+    trace = TraceSpec(
+        trace_path,
+        TraceFormat(fmt) if fmt is not None else None,
+        rate_scale=rate_scale,
+        duration=duration,
+        arrivals=None if arrival_rate is None else ArrivalProcess(arrival_rate, arrival_cv),
+        seed=options.seed,
+    )
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    for name, value in (
+        ("--ttft-slo-ms", options.ttft_slo_s),
+        ("--tpot-slo-ms", options.tpot_slo_s),
+    ):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be positive, got {value * 1000:g}")
+    setup = SweepSetup(
+        fleet=fleet,
+        data=yaml.safe_load(fleet.read_text()),
+        trace=trace,
+        trace_label=str(trace.path),
+        options=options,
+        requests=total[0],
+        span_s=total[1],
+        jobs=jobs if jobs is not None else os.cpu_count() or 1,
+        attainment=attainment,
+        prune=prune,
+        out=out,
+        plots=plots,
+    )
+    console = Console(highlight=False)
+    if not console.is_terminal:  # piped or captured: wide enough for the table
+        console.width = max(console.width, 160)
+    sweep_fleets(setup, parse_sweeps(sweep), console)
+
+
 def simulate(
     fleets: Annotated[
         list[Path] | None,
@@ -365,6 +437,33 @@ def simulate(
             "(gpufleet replay reads it).",
         ),
     ] = False,
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="FIELD=V1,V2,…: simulate every combination of fleet-file fields "
+            "(repeatable; e.g. models[0].replicas=2,4,8).",
+            rich_help_panel="Sweep",
+        ),
+    ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes of a sweep (default: the CPU count).", rich_help_panel="Sweep"
+        ),
+    ] = None,
+    attainment: Annotated[
+        float | None,
+        typer.Option(
+            help="A sweep's least share of requests within the SLOs (default: 0.99).",
+            rich_help_panel="Sweep",
+        ),
+    ] = None,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            help="Stop a sweep's combinations early (exact rules).", rich_help_panel="Sweep"
+        ),
+    ] = True,
 ) -> None:
     """Replay a trace against a modelled fleet: latencies, throughput, KV usage, cost.
 
@@ -383,14 +482,10 @@ def simulate(
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         run_seed = seed if seed is not None else next(iter(configs.values())).gateway.seed
-        scenario: list[Fault] = load_faults(faults) if faults is not None else []
-        scenario += [parse_fault(spec) for spec in fault or []]
-        if mtbf_hours is not None:
-            scenario.append(parse_fault({"mtbf": {"hours": mtbf_hours}}))
         options = SimOptions(
             tenants=tuple(parse_tenant(spec) for spec in tenant or []),
             admission=admission,
-            faults=tuple(scenario),
+            faults=_scenario(faults, fault, mtbf_hours),
             seed=run_seed,
             sample_interval=sample_every,
             ttft_slo_s=None if ttft_slo_ms is None else ttft_slo_ms / 1000,
@@ -412,6 +507,12 @@ def simulate(
         total = _scan(lambda: first)
         if total[0] == 0:
             raise ValueError(f"{trace}: no requests to replay")
+        if sweep:
+            _sweep(
+                sweep, paths[0], trace, fmt, rate_scale, duration, arrival_rate, arrival_cv,
+                options, total, jobs, attainment, prune, out, plots, compare or record,
+            )  # fmt: skip
+            return
         out.mkdir(parents=True, exist_ok=True)
         # Checked up front: a bad fleet entry fails before minutes of simulation.
         for config in configs.values():

@@ -27,6 +27,7 @@ from gpufleet.config._fleet import (
     load_fleet,
     parse_fleet,
 )
+from gpufleet.config._override import field_path, set_field
 
 __all__ = [
     "DEFAULT_FLEET",
@@ -47,7 +48,9 @@ __all__ = [
     "TenantsConfig",
     "Timeouts",
     "VariantConfig",
+    "field_path",
     "is_loopback",
     "load_fleet",
     "parse_fleet",
+    "set_field",
 ]

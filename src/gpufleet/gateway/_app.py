@@ -5,10 +5,12 @@
     app = create_gateway(load_fleet(), replica_source, CollectorRegistry())
     uvicorn.run(app)      # lifespan on: the prober and the scraper run in its TaskGroup
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (proxied, SSE passed through
-chunk by chunk), ``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``, and
-with a store the Batch API's ``/v1/files`` and ``/v1/batches`` (``_batches_api``). Every
-response carries ``x-request-id`` (the client's, or a new one). Errors are mapped once, in
+Routes: the model routes of ``_routes.ROUTES`` (``POST /v1/chat/completions``,
+``/v1/completions``, ``/v1/responses``, ``/v1/embeddings``, ``/tokenize``, ``/detokenize``,
+rerank and score; proxied, SSE passed through chunk by chunk), ``GET /v1/models``,
+``GET /health``, ``GET /ready``, ``GET /metrics``, and with a store the Batch API's
+``/v1/files`` and ``/v1/batches`` (``_batches_api``). Every response carries
+``x-request-id`` (the client's, or a new one). Errors are mapped once, in
 :meth:`Gateway._answer_error` (the tree is in ``_errors``).
 
 The batch runner (``_batch_runner``) sends each batch line through this app in-process
@@ -57,6 +59,7 @@ from gpufleet.gateway._http11 import Http11ReplicaClient
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, Upstream
 from gpufleet.gateway._resume import StreamResume, ask_for_token_ids, resumable
+from gpufleet.gateway._routes import ROUTES, ProxyRoute
 from gpufleet.gateway._server import MAX_BODY
 from gpufleet.gateway._tenancy import BATCH_LINE, OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._tls import ReplicaTLS
@@ -71,7 +74,6 @@ Send = Callable[[Message], Awaitable[None]]
 Header = tuple[bytes, bytes]
 
 _JSON: Final = (b"content-type", b"application/json")
-_COMPLETIONS: Final = {"/v1/chat/completions": True, "/v1/completions": False}
 _RELAY: Final = "gpufleet.relay"
 """The ASGI extension of ``GatewayServer`` (``_server.RELAY``) that passes a stream's frames
 from the replica's socket to the client's; under another server, chunks go one by one."""
@@ -192,13 +194,11 @@ class Gateway:
                 return
             if tenancy is not None and path not in OPEN_PATHS and BATCH_LINE not in scope:
                 self.admin.authorize(scope, path)  # a tenant's key (/metrics: or more)
-            chat = _COMPLETIONS.get(path)
-            if chat is not None:
+            route = ROUTES.get(path)
+            if route is not None:
                 if method != "POST":
                     raise MethodNotAllowedError(f"{method} is not allowed on {path}")
-                await self._completion(
-                    chat, path, scope, receive, send, request_id=request_id, rid=rid
-                )
+                await self._proxy(route, path, scope, receive, send, request_id=request_id, rid=rid)
             elif self.batches is not None and batch_path(path):
                 await self.batches.api.handle(scope, receive, send, rid)
             else:
@@ -308,9 +308,9 @@ class Gateway:
 
     # -- the proxy ------------------------------------------------------------------------
 
-    async def _completion(
+    async def _proxy(
         self,
-        chat: bool,
+        route: ProxyRoute,
         path: str,
         scope: Scope,
         receive: Receive,
@@ -321,7 +321,7 @@ class Gateway:
     ) -> None:
         arrived = self._clock()
         body = await _read_body(receive, self._timeouts.request_body)
-        payload = _parse(body, chat)
+        payload = _parse(body, route)
         model = payload["model"]
         if not self.control.served(model):
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
@@ -341,13 +341,15 @@ class Gateway:
                     request_id=request_id,
                     arrived=arrived,
                     prompt_estimate=request.prompt_tokens,
+                    metering=route.metering,
                 )
                 request = dataclasses.replace(request, tenant=admitted.principal.tenant)
             stream = None
-            if self._resumes and resumable(chat, payload):
+            if self._resumes and route.resumes and resumable(route.chat, payload):
                 body = ask_for_token_ids(body)  # what a resume by token ids needs
-                stream = StreamResume(chat, payload, request.prompt_tokens)
+                stream = StreamResume(route.chat, payload, request.prompt_tokens)
             status = await self._route(
+                route,
                 path,
                 scope,
                 request,
@@ -375,6 +377,7 @@ class Gateway:
 
     async def _route(
         self,
+        route: ProxyRoute,
         path: str,
         scope: Scope,
         request: RouteRequest,
@@ -403,7 +406,7 @@ class Gateway:
             )
             if isinstance(decision, Route):
                 self._routed(decision.model or model, decision, arrived, admitted)
-            stream = payload.get("stream") is True
+            stream = route.streams and payload.get("stream") is True
             relays = stream and _RELAY in (scope.get("extensions") or ())
             headers = [("content-type", "application/json"), ("x-request-id", request_id)]
             last: UpstreamError | None = None
@@ -438,6 +441,7 @@ class Gateway:
                             admitted=admitted,
                             relays=relays,
                             state=state,
+                            broken=route.broken,
                         )
                 except UpstreamError as failure:
                     outcome, last = failure.outcome, failure
@@ -522,6 +526,7 @@ class Gateway:
         admitted: Admitted | None = None,
         relays: bool = False,
         state: StreamResume | None = None,
+        broken: Callable[[str], bytes] = error_event,
     ) -> tuple[int, Outcome, bool]:
         """One attempt: its status, outcome, and whether its stream broke after the first
         byte. A failure before the client saw a byte raises ``UpstreamError`` (the caller
@@ -529,7 +534,8 @@ class Gateway:
         stream (``state``), is left to the caller with what the client got noted there.
 
         ``relays``: the server takes the ``gpufleet.relay`` extension; a stream's rest then
-        goes from the replica's socket to the client's without a task step per chunk."""
+        goes from the replica's socket to the client's without a task step per chunk.
+        ``broken``: the events that end a stream broken after its first byte (the route's)."""
         assert self._client is not None
         timeouts = self._timeouts
         sent = False
@@ -579,12 +585,14 @@ class Gateway:
                 raise LocalOriginError(
                     "timed out waiting for the replica", Outcome.TIMEOUT
                 ) from None
-            await self._broke(send, state, tail[0], "the replica stopped streaming (idle timeout)")
+            message = "the replica stopped streaming (idle timeout)"
+            await self._broke(send, state, tail[0], message, broken)
             return 502, Outcome.TIMEOUT, True
         except LocalOriginError as failure:
             if not sent:
                 raise
-            await self._broke(send, state, tail[0], f"the replica's stream broke: {failure}")
+            message = f"the replica's stream broke: {failure}"
+            await self._broke(send, state, tail[0], message, broken)
             return 502, failure.outcome, True
 
     async def _resume(
@@ -673,18 +681,25 @@ class Gateway:
         await send({"type": "http.response.body", "body": whole})
 
     async def _broke(
-        self, send: Send, state: StreamResume | None, tail: bytes, message: str
+        self,
+        send: Send,
+        state: StreamResume | None,
+        tail: bytes,
+        message: str,
+        broken: Callable[[str], bytes],
     ) -> None:
         """A stream broke: its error event now, or (resumable) later, if not resumed."""
         if state is not None:
             state.broke(tail, message)
         else:
-            await self._break_stream(send, tail, message)
+            await self._break_stream(send, tail, message, broken)
 
     @staticmethod
-    async def _break_stream(send: Send, tail: bytes, message: str) -> None:
+    async def _break_stream(
+        send: Send, tail: bytes, message: str, broken: Callable[[str], bytes] = error_event
+    ) -> None:
         lead = b"" if tail.endswith(b"\n\n") or not tail else b"\n\n"
-        await send({"type": "http.response.body", "body": lead + error_event(message)})
+        await send({"type": "http.response.body", "body": lead + broken(message)})
 
 
 _GETS: Final = frozenset({"/v1/models", "/health", "/ready", "/metrics"})
@@ -906,7 +921,7 @@ def _work(admitted: Admitted | None) -> tuple[int, int] | None:
     return (usage.uncached_prompt, usage.completion_tokens) if usage.known else None
 
 
-def _parse(body: bytes, chat: bool) -> dict[str, Any]:
+def _parse(body: bytes, route: ProxyRoute) -> dict[str, Any]:
     try:
         payload = json.loads(body)
     except ValueError as error:
@@ -916,17 +931,19 @@ def _parse(body: bytes, chat: bool) -> dict[str, Any]:
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequestError("`model` is required (a string)")
-    if chat:
+    if route.chat:
         messages = payload.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequestError("`messages` is required (a non-empty list)")
-    elif "prompt" not in payload:
-        raise BadRequestError("`prompt` is required")
+    elif route.needs and not any(key in payload for key in route.needs):
+        raise BadRequestError(f"`{'` or `'.join(route.needs)}` is required")
     return payload
 
 
 def _prompt_text(payload: dict[str, Any]) -> str:
-    """The prompt as text, for prefix hashing and a token estimate (no tokenizer here)."""
+    """The prompt as text, for prefix hashing and a token estimate (no tokenizer here):
+    chat's ``messages``, a completion's ``prompt``, else an ``input`` (the Responses API's
+    or embeddings')."""
     messages = payload.get("messages")
     if isinstance(messages, list):  # (a completion's body may carry anything there)
         parts: list[str] = []
@@ -945,7 +962,31 @@ def _prompt_text(payload: dict[str, Any]) -> str:
         return prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0]
+    if "input" in payload:
+        return _input_text(payload)
     return ""
+
+
+def _input_text(payload: dict[str, Any]) -> str:
+    """``input`` as text: the Responses API's (after its ``instructions``: a string, or items
+    whose ``content`` is text or text parts) or embeddings' (a string or a list of them;
+    token ids give none, as a completion's do)."""
+    given = payload["input"]
+    instructions = payload.get("instructions")
+    parts = [instructions] if isinstance(instructions, str) else []
+    if isinstance(given, str):
+        parts.append(given)
+    elif isinstance(given, list):
+        for item in given:
+            if isinstance(item, str):
+                parts.append(item)
+            elif isinstance(item, dict):
+                content = item.get("content")
+                if isinstance(content, str):
+                    parts.append(content)
+                elif isinstance(content, list):
+                    parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "\n".join(parts)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -18,7 +18,8 @@
 An ``UpstreamError`` before the first byte moves the request to the next replica of its
 ranking; when the ranking or the retry budget is used up the client gets ``NoReplicaError`` (503,
 ``Retry-After``). One after the first byte of a stream ends the stream with an error event
-(:func:`error_event`) and ``data: [DONE]``. A replica's 4xx is its answer, passed through.
+(:func:`error_event`) and ``data: [DONE]`` (a Responses API stream: its ``error`` event,
+:func:`response_error_event`). A replica's 4xx is its answer, passed through.
 """
 
 from __future__ import annotations
@@ -138,3 +139,14 @@ def error_body(status: int, type_: str, message: str) -> bytes:
 def error_event(message: str) -> bytes:
     """The SSE events that end a stream broken after its first byte."""
     return b"data: " + error_body(502, "upstream_error", message) + b"\n\ndata: [DONE]\n\n"
+
+
+def response_error_event(message: str) -> bytes:
+    """The event that ends a Responses API stream broken after its first byte: that API's
+    ``error`` event (``type``, ``code``, ``message``, ``param``; the gateway does not know
+    the stream's ``sequence_number``), with the OpenAI ``error`` object beside them, on which
+    the openai client raises ``APIError`` as it does for a chat stream's. No ``[DONE]``: the
+    API has none."""
+    error = json.loads(error_body(502, "upstream_error", message))["error"]
+    event = {"type": "error", "code": "upstream_error", "message": message, "param": None}
+    return b"event: error\ndata: " + json.dumps({**event, "error": error}).encode() + b"\n\n"

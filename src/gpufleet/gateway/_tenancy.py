@@ -36,7 +36,7 @@ from gpufleet.gateway._tenancy_errors import (
     UnauthorizedError,
 )
 from gpufleet.gateway._tenant_quota import QuotaLimits
-from gpufleet.gateway._usage import Meter, ask_for_usage
+from gpufleet.gateway._usage import COMPLETIONS, Meter, Metering, ask_for_usage
 from gpufleet.store import (
     ADMIN_PREFIX,
     Journal,
@@ -285,9 +285,11 @@ class Tenancy:
         request_id: str,
         arrived: float,
         prompt_estimate: int,
+        metering: Metering = COMPLETIONS,
     ) -> tuple[Admitted, bytes]:
         """Check one request (model allowed, quotas); the admitted request, with what the
-        pool controller's admission reads, and the body to send upstream."""
+        pool controller's admission reads, and the body to send upstream. ``metering``: how
+        its route's answers carry their usage (``_usage``)."""
         principal: Principal = scope[PRINCIPAL]
         settings = principal.settings
         wall = time.time()
@@ -325,8 +327,12 @@ class Tenancy:
             )
         admitted.lease = lease
         # the body is re-serialised (usage asked for) only for a request that got this far
-        body, injected = ask_for_usage(payload, body)
-        admitted.meter = Meter(prompt_estimate, injected, lambda: self._record(admitted))
+        injected = False
+        if metering.ask:
+            body, injected = ask_for_usage(payload, body)
+        admitted.meter = metering.meter(
+            prompt_estimate, injected, lambda: self._record(admitted), metering.read
+        )
         return admitted, body
 
     def _max_wait(self, scope: Any) -> float:

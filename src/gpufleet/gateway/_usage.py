@@ -1,6 +1,11 @@
 """Reading a response's token usage on its way to the client, without slowing it.
 
-A non-streamed body's ``usage`` is parsed whole. A stream's usage arrives in a final event
+A non-streamed body's ``usage`` is parsed whole, by its route's reader (:class:`Metering`):
+chat and completions name ``prompt_tokens``/``completion_tokens``; embeddings, rerank and
+score count only the input (``prompt_tokens``, or rerank's ``total_tokens``); the Responses
+API names ``input_tokens``/``output_tokens`` (:class:`ResponsesMeter`, which also reads its
+stream's final ``response.completed`` event); tokenize and detokenize run no model and
+charge nothing (:class:`Unmetered`). A stream's usage arrives in a final event
 (``stream_options.include_usage``): the gateway asks the replica for it when the client did
 not (:func:`ask_for_usage`) and then drops that event (``"choices":[]``), so the client sees the
 stream it asked for. Only chunks that mention ``"usage"`` are looked into; every other chunk
@@ -15,9 +20,13 @@ import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 _MAX_CARRY: Final = 1 << 16
+_MAX_EVENT: Final = 1 << 24
+"""Bytes of one unfinished Responses API event held back to read its usage: its final event
+repeats the whole output text, so it can be large; past this it passes unread."""
+_FINAL_RESPONSE: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 @dataclass(slots=True)
@@ -55,7 +64,13 @@ def ask_for_usage(payload: dict[str, Any], body: bytes) -> tuple[bytes, bool]:
     return json.dumps(payload).encode(), True
 
 
+Reader = Callable[[object, Usage], None]
+"""Reads a body's ``usage`` object into a :class:`Usage` (sets ``known`` if it could)."""
+
+
 def read_usage(value: object, usage: Usage) -> None:
+    """Chat and completions: ``prompt_tokens``, ``completion_tokens`` (``n`` choices summed
+    by the engine), ``prompt_tokens_details.cached_tokens``."""
     if not isinstance(value, dict):
         return
     prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
@@ -66,17 +81,54 @@ def read_usage(value: object, usage: Usage) -> None:
         usage.cached_tokens = cached if isinstance(cached, int) else 0
 
 
+def read_input_usage(value: object, usage: Usage) -> None:
+    """Embeddings, score and rerank: the input's tokens, ``prompt_tokens`` (rerank names only
+    ``total_tokens``); ``completion_tokens`` if given, else none."""
+    if not isinstance(value, dict):
+        return
+    prompt = value.get("prompt_tokens")
+    if not _count(prompt):
+        prompt = value.get("total_tokens")
+    if _count(prompt):
+        completion = value.get("completion_tokens")
+        usage.prompt_tokens, usage.known = prompt, True
+        usage.completion_tokens = completion if _count(completion) else 0
+        usage.cached_tokens = 0
+
+
+def read_responses_usage(value: object, usage: Usage) -> None:
+    """The Responses API: ``input_tokens``, ``output_tokens``,
+    ``input_tokens_details.cached_tokens``."""
+    if not isinstance(value, dict):
+        return
+    prompt, completion = value.get("input_tokens"), value.get("output_tokens")
+    if _count(prompt) and _count(completion):
+        usage.prompt_tokens, usage.completion_tokens, usage.known = prompt, completion, True
+        details = value.get("input_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        usage.cached_tokens = cached if _count(cached) else 0
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class Meter:
     """One response's usage, read as it passes."""
 
-    __slots__ = ("_carry", "_done", "_injected", "_on_complete", "usage")
+    __slots__ = ("_carry", "_done", "_injected", "_on_complete", "_read", "usage")
 
     def __init__(
-        self, prompt_estimate: int, injected: bool, on_complete: Callable[[], None]
+        self,
+        prompt_estimate: int,
+        injected: bool,
+        on_complete: Callable[[], None],
+        read: Reader = read_usage,
     ) -> None:
         self.usage = Usage(prompt_tokens=prompt_estimate)
         self._injected = injected
         self._on_complete = on_complete
+        self._read = read
         self._carry = b""
         self._done = False
 
@@ -84,7 +136,7 @@ class Meter:
         """A non-streamed body, about to be sent."""
         if b'"usage"' in body:
             with contextlib.suppress(ValueError, AttributeError):
-                read_usage(json.loads(body).get("usage"), self.usage)
+                self._read(json.loads(body).get("usage"), self.usage)
         self.complete()
 
     def chunk(self, chunk: bytes) -> bytes:
@@ -133,3 +185,80 @@ class Meter:
     @property
     def done(self) -> bool:
         return self._done
+
+
+class ResponsesMeter(Meter):
+    """The Responses API's stream: events ``event: <type>`` + ``data: <json>``, no
+    ``[DONE]``; the final one (``response.completed``, ``.incomplete`` or ``.failed``)
+    carries the response with its ``usage``, and completes the meter before it is sent.
+    An unfinished event is held back until its end (the client could not read it earlier);
+    nothing is dropped."""
+
+    __slots__ = ()
+
+    def chunk(self, chunk: bytes) -> bytes:
+        data = self._carry + chunk if self._carry else chunk
+        cut = data.rfind(b"\n\n") + 2
+        if cut == 1:  # no complete event yet: hold it (bounded)
+            if len(data) > _MAX_EVENT:
+                self._carry = b""
+                return data
+            self._carry = data
+            return b""
+        complete, self._carry = data[:cut], data[cut:]
+        if not self._done and b'"usage"' in complete:
+            for event in complete.split(b"\n\n"):
+                if b'"usage"' in event:
+                    self._final(event)
+        return complete
+
+    def _final(self, event: bytes) -> None:
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                parsed = json.loads(line[5:])
+            except ValueError:
+                return
+            if isinstance(parsed, dict) and parsed.get("type") in _FINAL_RESPONSE:
+                response = parsed.get("response")
+                if isinstance(response, dict):
+                    self._read(response.get("usage"), self.usage)
+                self.complete()
+            return
+
+
+class Unmetered(Meter):
+    """A route that runs no model (tokenize, detokenize): known, and zero tokens."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        prompt_estimate: int,
+        injected: bool,
+        on_complete: Callable[[], None],
+        read: Reader = read_usage,
+    ) -> None:
+        super().__init__(0, injected, on_complete, read)
+        self.usage.known = True
+
+    def whole(self, body: bytes) -> None:
+        self.complete()
+
+
+@dataclass(frozen=True, slots=True)
+class Metering:
+    """How one route's answers carry their usage (``Tenancy.admit`` builds the meter)."""
+
+    read: Reader = read_usage
+    meter: type[Meter] = Meter
+    ask: bool = True
+    """Whether a stream is asked for its usage event (:func:`ask_for_usage`: chat and
+    completions; the Responses API's final event always has it)."""
+
+
+COMPLETIONS: Final = Metering()
+INPUT_ONLY: Final = Metering(read_input_usage, ask=False)
+RESPONSES: Final = Metering(read_responses_usage, ResponsesMeter, ask=False)
+NO_MODEL: Final = Metering(meter=Unmetered, ask=False)

@@ -35,6 +35,19 @@ from gpufleet.sim._recorder import Recorder, RequestLog, RequestRecord
 from gpufleet.sim._replica_driver import ReplicaDriver
 from gpufleet.sim._simulate import FleetSimulation, SimOptions, replica_config
 from gpufleet.sim._stats import LogHistogram
+from gpufleet.sim._sweep import (
+    SLOTarget,
+    SweepCandidate,
+    SweepProgress,
+    SweepResult,
+    SweepRun,
+    SweepStatus,
+    TraceSpec,
+    cheapest_met,
+    pareto_front,
+    run_sweep,
+)
+from gpufleet.sim._sweep_plot import write_pareto_plot
 from gpufleet.sim._synth import DEFAULT_SPIKES, DiurnalCurve, Spike, synth_requests
 from gpufleet.sim._traces import (
     PREFIX_BLOCK_TOKENS,
@@ -78,23 +91,34 @@ __all__ = [
     "RequestRecord",
     "RoundRobin",
     "Routing",
+    "SLOTarget",
     "ScheduledEvent",
     "SimControl",
     "SimOptions",
     "SimTenant",
     "SlowFault",
     "Spike",
+    "SweepCandidate",
+    "SweepProgress",
+    "SweepResult",
+    "SweepRun",
+    "SweepStatus",
     "TenantMix",
     "TraceFormat",
     "TraceReader",
     "TraceRequest",
+    "TraceSpec",
+    "cheapest_met",
     "detect_format",
     "load_faults",
     "load_trace",
+    "pareto_front",
     "parse_fault",
     "parse_tenant",
     "replica_config",
+    "run_sweep",
     "synth_requests",
     "token_prefix_hashes",
+    "write_pareto_plot",
     "write_plots",
 ]
