@@ -33,6 +33,7 @@ from gpufleet.sim._kernel import Kernel
 POOL = "llama-3.1-8b"
 REPLICAS = 3
 SYSTEM = tuple(range(1000, 1512))  # a 512-token system prompt every request shares
+OUTPUT = 16  # the output tokens each request asks for (the gateway reads `max_tokens`)
 
 
 def fleet(routing: str) -> FleetConfig:
@@ -205,7 +206,7 @@ async def run_live(config: FleetConfig) -> list[dict[str, Any]]:
                 case Arrive(i=i, tenant=tenant, priority=priority):
                     p = prompt(i)
                     request = RouteRequest(
-                        str(i), POOL, token_prefix_hashes(p), len(p), None, tenant
+                        str(i), POOL, token_prefix_hashes(p), len(p), None, tenant, OUTPUT
                     )
                     # every simulated request is resumable; the gateway says which are
                     arrival = live.arrive(request, priority, resumable=True)
@@ -215,7 +216,7 @@ async def run_live(config: FleetConfig) -> list[dict[str, Any]]:
                     live.finished(POOL, str(i), Outcome.SUCCESS)
                 case Lost(i=i, started=started) if in_attempt(i):
                     decision = live.failed(POOL, str(i), Outcome.CONNECT_FAILURE, streamed=started)
-                    decisions[i] = _done(decision)
+                    decisions[i] = tasks.create_task(decision)
                 case Down(replica=k):
                     world.down.add(k)
                     live.set_replicas(world.upstreams())
@@ -233,13 +234,6 @@ async def run_live(config: FleetConfig) -> list[dict[str, Any]]:
         for task in decisions.values():  # one still waiting would hold the task group open
             task.cancel()
     return _lines(log)
-
-
-def _done(decision: Any) -> asyncio.Task[Any]:
-    async def now() -> Any:
-        return decision
-
-    return asyncio.get_running_loop().create_task(now())
 
 
 # -- the simulator's adapter ---------------------------------------------------------------------
@@ -326,7 +320,7 @@ def run_sim(config: FleetConfig) -> list[dict[str, Any]]:
             case Arrive(i=i, tenant=tenant, priority=priority):
                 tenants[i] = (tenant, priority, 1.0)
                 p = prompt(i)
-                events = sim.arrive(t, i, TraceRequest(t, len(p), 16), p)
+                events = sim.arrive(t, i, TraceRequest(t, len(p), OUTPUT), p)
             case End(i=i) if (k := driver_of(i)) is not None:
                 ended.add(i)
                 sim.on_end(t, i, k, rejected=False)

@@ -20,6 +20,7 @@ runner = CliRunner()
         (["--gpu", "tpu-v9"], "tpu-v9"),
         (["--time-scale", "0"], "--time-scale"),
         (["--fault-error-rate", "1.5"], "--fault-error-rate"),
+        (["--fault-error-status", "502"], "--fault-error-status"),
         (["--gpu-memory-utilization", "1.2"], "--gpu-memory-utilization"),
         (["--max-model-len", "10000000"], "max_model_len"),
         (["--model", "llama-3.1-405b", "--gpu", "l4"], "does not fit"),

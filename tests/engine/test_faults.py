@@ -32,6 +32,15 @@ def test_error_rate_one_answers_every_completion_with_500() -> None:
         assert httpx.get(sim.url + "/health").status_code == 200
 
 
+def test_error_status_503_answers_as_an_overloaded_engine() -> None:
+    with serve(_config(error_rate=1.0, error_status=503)) as sim:
+        response = httpx.post(sim.v1 + "/chat/completions", json={**BODY, "messages": []})
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("ServiceUnavailableError", 503)
+        assert httpx.get(sim.url + "/health").status_code == 200
+
+
 def test_error_rate_applies_to_every_route_that_runs_the_model() -> None:
     with serve(_config(error_rate=1.0)) as sim:
         assert httpx.post(sim.v1 + "/embeddings", json={"input": "x"}).status_code == 500

@@ -22,6 +22,7 @@ _FLAGS = {  # pydantic field → the flag a user typed, for error messages
     "faults.crash_after_s": "--fault-crash-after",
     "faults.slowdown": "--fault-slowdown",
     "faults.error_rate": "--fault-error-rate",
+    "faults.error_status": "--fault-error-status",
 }
 _ENGINE_FLAGS_HELP = (
     "Engine flags, as vLLM spells them and with vLLM's defaults (docs/sim-engine.md): "
@@ -54,6 +55,7 @@ def engine_config(ctx: typer.Context) -> SimEngineConfig:
                 "hang": options["fault_hang"],
                 "slowdown": options["fault_slowdown"],
                 "error_rate": options["fault_error_rate"],
+                "error_status": options["fault_error_status"],
                 "unhealthy": options["fault_unhealthy"],
             },
             "enable_admin": options["enable_admin"],
@@ -87,8 +89,11 @@ def sim(
     fault_hang: Annotated[bool, typer.Option(help="Accept requests, never answer.")] = False,
     fault_slowdown: Annotated[float, typer.Option(help="Step time × this factor.")] = 1.0,
     fault_error_rate: Annotated[
-        float, typer.Option(help="Share of completions answered 500.")
+        float, typer.Option(help="Share of completions answered with --fault-error-status.")
     ] = 0.0,
+    fault_error_status: Annotated[
+        int, typer.Option(help="Status of the injected errors: 500 or 503.")
+    ] = 500,
     fault_unhealthy: Annotated[bool, typer.Option(help="GET /health answers 503.")] = False,
     enable_admin: Annotated[
         bool, typer.Option(help="Serve POST /admin/faults to change faults at run time.")

@@ -158,6 +158,23 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
                 + f", {t['shed'] + t['expired']:,} of {t['requests']:,}",
             )
         )
+    for name, served in report.get("served", {}).items():
+        split = ", ".join(
+            f"{pool} {v['share']:.1%} (weight {v['weight_share']:.0%})"
+            for pool, v in served["variants"].items()
+            if v["share"] is not None
+        )
+        rows.append((f"served {name}: split", split or "—"))
+    if report.get("fallbacks"):
+        rows.append(
+            (
+                "fallbacks",
+                ", ".join(
+                    f"{f['from']} → {f['to']} ({f['reason']}) {f['requests']:,}"
+                    for f in report["fallbacks"]
+                ),
+            )
+        )
     faults = report["faults"]
     if faults["scenario"]:
         rows.append(

@@ -436,7 +436,8 @@ async def _serve_gateway(config: FleetConfig, app: Gateway, serving: Serving) ->
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         base = f"{server.scheme}://{shown}:{bound_port}"
         typer.echo(f"gateway listening on {base}")
-        typer.echo(f"  API      {base}/v1  (models: {', '.join(m.name for m in config.models)})")
+        names = ", ".join(s.name for s in config.served_names())
+        typer.echo(f"  API      {base}/v1  (models: {names})")
         typer.echo(f"  metrics  {base}/metrics   ready: {base}/ready")
         typer.echo(f"  console  {base}/console")
         if serving.tls is not None:

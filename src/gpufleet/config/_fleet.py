@@ -11,6 +11,10 @@ One YAML file, validated by the pydantic models below; every default is written 
         routing: prefix_aware        # or {policy: kv_aware, kv_weight: 4}
         health: {outlier: {consecutive_5xx: 3}}
     runtime: local                   # or kubernetes, or {kind: kubernetes, namespace: …}
+    served:                          # optional: names over pools (a pool not listed as a
+      - name: llama                  #   variant is served under its own name)
+        variants: {llama-3.1-8b: 80, llama-3.1-8b-v2: 20}
+        fallbacks: [llama-3.1-70b]   # on 5xx, overload, or a prompt past the context
 
 ``load_fleet(path)`` reads and validates a file; a bad one is a :class:`FleetFileError` (a
 ``ValueError``) whose message names the file and the field path (``models[0].gpu: …``).
@@ -19,6 +23,7 @@ One YAML file, validated by the pydantic models below; every default is written 
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -49,6 +54,9 @@ from gpufleet.policy import (
 _NAME: Final = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 """A model's name names its pool and replicas (``llama-3.1-8b-0``) and their log files."""
 _NAMESPACE: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_SERVED_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}")
+"""A served name is only ever compared (what clients send as ``model``): Hugging Face ids
+(``meta-llama/Llama-3.1-8B-Instruct``) and tags (``chat:latest``) are fine."""
 
 
 class _Strict(BaseModel):
@@ -163,6 +171,11 @@ class ModelConfig(_Strict):
     With it, ``replicas`` is the count the pool starts with (default ``min_replicas``)."""
     startup: StartupConfig = StartupConfig()
     """Start-up times: simulated, and emulated live (``provision``)."""
+    fallbacks: tuple[str, ...] = ()
+    """Served names to try next, in order, when this pool cannot answer (every attempt
+    failed with a 5xx or a timeout, the pool shed the request or has no replica) or the
+    prompt is longer than its context (:attr:`context_length`). For a pool served under its
+    own name; a pool that is a ``served`` entry's variant takes that entry's ``fallbacks``."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -266,6 +279,20 @@ class ModelConfig(_Strict):
         saturation is judged by, for this pool's admission gate and its autoscaler, live
         and simulated (the simulator's replicas run with it too)."""
         return self.profile().running_batch_cap
+
+    @property
+    def context_length(self) -> int | None:
+        """The longest context the pool's engines serve, as far as the fleet file says: its
+        ``max_model_len`` (or ``--max-model-len`` in ``args``), else the catalog model's
+        context for a sim engine; ``None``: not known here (a vLLM model the catalog does not
+        list, an external engine). A prompt estimated longer falls back (``fallbacks``)."""
+        length = self.profile().max_model_len
+        if length is not None or self.engine is EngineKind.EXTERNAL:
+            return length
+        try:
+            return get_model(self.served_model).max_context
+        except CatalogError:
+            return None
 
     @property
     def startup_timeout(self) -> float:
@@ -489,6 +516,62 @@ def _runtime_kind(value: object) -> object:
     return {"kind": value} if isinstance(value, str) else value
 
 
+def _variants(value: object) -> object:
+    """``variants`` as written: a mapping of pool to weight, a list of pool names (weight 1
+    each), or a list of ``{pool, weight}`` mappings (the form a recording's header keeps)."""
+    if isinstance(value, dict):
+        return [{"pool": pool, "weight": weight} for pool, weight in value.items()]
+    if isinstance(value, list | tuple):
+        return [{"pool": v} if isinstance(v, str) else v for v in value]
+    return value
+
+
+class VariantConfig(_Strict):
+    """One variant of a served name: a pool and its share of the name's traffic."""
+
+    pool: str
+    """A pool: a ``models`` entry's ``name``."""
+    weight: float = 1.0
+    """Its share is ``weight / Σ weights`` of the name's variants (80 and 20: 80 %, 20 %).
+    Positive here; a rollout may set a weight to 0 at run time."""
+
+    @field_validator("weight")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{value:g}: a variant's weight must be a positive number")
+        return value
+
+
+class ServedConfig(_Strict):
+    """A name clients send as ``model`` (an alias, or a model with several versions): the
+    variants (pools) it is served by and the names it falls back to."""
+
+    name: str
+    variants: Annotated[tuple[VariantConfig, ...], BeforeValidator(_variants)]
+    """The pools that serve it, with weights; a request's session key (``x-session-id``, or
+    the OpenAI ``user`` field) picks one, the same one every time (docs/fleet-file.md)."""
+    fallbacks: tuple[str, ...] = ()
+    """Served names tried next, in order, when the chosen variant cannot answer (5xx and
+    timeouts on every attempt, shed, no replica) or the prompt is longer than its context.
+    Flat, as LiteLLM's: a fallback's own ``fallbacks`` are not followed."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServedConfig:
+        if not _SERVED_NAME.fullmatch(self.name):
+            raise ValueError(
+                f"name {self.name!r}: use letters, digits and . _ : / @ + - "
+                "(at most 200 characters, starting with a letter or digit)"
+            )
+        pools = [v.pool for v in self.variants]
+        if not pools:
+            raise ValueError("variants: a served name needs at least one pool")
+        for pool in pools:
+            if pools.count(pool) > 1:
+                raise ValueError(f"variants: pool {pool!r} is given twice")
+        return self
+
+
 class FleetConfig(_Strict):
     """A whole fleet file."""
 
@@ -497,6 +580,9 @@ class FleetConfig(_Strict):
     tenants: TenantsConfig = TenantsConfig()
     runtime: Annotated[RuntimeConfig, BeforeValidator(_runtime_kind)] = RuntimeConfig()
     """``local`` (default) or ``kubernetes``: a kind, or a mapping with ``kind`` and settings."""
+    served: tuple[ServedConfig, ...] = ()
+    """Served names over the pools: aliases, weighted variants, fallbacks. A pool that no
+    entry lists as a variant is served under its own name (its ``fallbacks`` apply)."""
 
     @model_validator(mode="after")
     def _unique(self) -> FleetConfig:
@@ -506,6 +592,66 @@ class FleetConfig(_Strict):
                 raise ValueError(f"model {model.name!r} is given twice")
             seen.add(model.name)
         return self
+
+    @model_validator(mode="after")
+    def _served(self) -> FleetConfig:
+        """Every served name unique and over known pools; every fallback a served name."""
+        pools = {m.name: m for m in self.models}
+        explicit: set[str] = set()
+        variants: dict[str, str] = {}
+        for i, entry in enumerate(self.served):
+            where = f"served[{i}] ({entry.name!r})"
+            if entry.name in explicit:
+                raise ValueError(f"{where}: the name is given twice")
+            explicit.add(entry.name)
+            for v in entry.variants:
+                if v.pool not in pools:
+                    raise ValueError(
+                        f"{where}: variant {v.pool!r} is not a pool (models: {', '.join(pools)})"
+                    )
+                variants.setdefault(v.pool, entry.name)
+            if entry.name in pools and entry.name not in {v.pool for v in entry.variants}:
+                raise ValueError(
+                    f"{where}: the name is a pool's; list pool {entry.name!r} among its "
+                    "variants or rename one of them"
+                )
+        for name, model in pools.items():
+            if name in variants and model.fallbacks:
+                raise ValueError(
+                    f"model {name!r}: fallbacks: the pool is a variant of {variants[name]!r}; "
+                    "write its fallbacks on that served entry"
+                )
+        routes = self.served_names()
+        names = [r.name for r in routes]
+        for route in routes:
+            for target in route.fallbacks:
+                if target == route.name:
+                    raise ValueError(
+                        f"served name {route.name!r}: fallbacks: it falls back to itself (a cycle)"
+                    )
+                if target not in names:
+                    raise ValueError(
+                        f"served name {route.name!r}: fallbacks: {target!r} is not a served "
+                        f"name (served: {', '.join(names)})"
+                    )
+                if route.fallbacks.count(target) > 1:
+                    raise ValueError(
+                        f"served name {route.name!r}: fallbacks: {target!r} is given twice"
+                    )
+        return self
+
+    def served_names(self) -> tuple[ServedConfig, ...]:
+        """Every name the gateway serves: the ``served`` entries, then each pool that no
+        entry lists as a variant, under its own name (one variant of weight 1, the pool's
+        ``fallbacks``), in the file's order. The first is what the simulator sends a trace's
+        requests that name no model to."""
+        listed = {v.pool for entry in self.served for v in entry.variants}
+        own = tuple(
+            ServedConfig(name=m.name, variants=(VariantConfig(pool=m.name),), fallbacks=m.fallbacks)
+            for m in self.models
+            if m.name not in listed
+        )
+        return self.served + own
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

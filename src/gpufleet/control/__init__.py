@@ -14,6 +14,10 @@ commands, its vocabulary: a :class:`Standby` the runtime reports, a :class:`Scal
 :class:`EjectionRecord`, a decision's log line (:func:`decision_record`), the N+1 check on
 a routing view (:func:`redundancy`, :class:`Redundancy`) and the priority classes
 (:data:`CLASSES`).
+
+Served names are the controller's too: an ``Arrived`` names what the client sent, and the
+:class:`FleetController` chooses the variant (pool) and the fallbacks (a :class:`Fallback`
+command), so a weighted split or a fallback is decided once, live and simulated alike.
 """
 
 from gpufleet.control._events import (
@@ -23,6 +27,8 @@ from gpufleet.control._events import (
     Command,
     Ejected,
     Event,
+    Fallback,
+    FallbackReason,
     Finished,
     Probe,
     ProbeAnswered,
@@ -36,6 +42,7 @@ from gpufleet.control._events import (
     ScrapedLoad,
     Standbys,
     Tick,
+    Weights,
     command_to_json,
     event_from_json,
     event_to_json,
@@ -49,6 +56,7 @@ from gpufleet.control._fleet import (
     replay,
 )
 from gpufleet.control._pool import ANONYMOUS, PoolController, PoolCounters
+from gpufleet.control._served import ServedModel
 from gpufleet.control._settings import PoolSettings
 
 # The controller's vocabulary (see above): policy values the shells pass around.
@@ -75,6 +83,8 @@ __all__ = [
     "Ejected",
     "EjectionRecord",
     "Event",
+    "Fallback",
+    "FallbackReason",
     "Finished",
     "FleetController",
     "PoolController",
@@ -96,9 +106,11 @@ __all__ = [
     "ScaleDirection",
     "Scraped",
     "ScrapedLoad",
+    "ServedModel",
     "Standby",
     "Standbys",
     "Tick",
+    "Weights",
     "command_to_json",
     "decision_record",
     "event_from_json",

@@ -7,7 +7,12 @@ be recorded and replayed into a fresh controller, and its decisions compared lin
 
     shell ──► Replicas · Scraped · ProbeAnswered · Standbys          (what the runtime sees)
               Arrived · AttemptFailed · Finished · ClientGone · Tick  (requests and time)
-    controller ──► Route · Reject · Probe · Ejected · Scale           (what the shell does)
+              Weights                                   (a served name's variant weights)
+    controller ──► Route · Reject · Fallback · Probe · Ejected · Scale  (what the shell does)
+
+A request's events name its *served* name (``Arrived``: what the client sent as ``model``)
+or its pool; the controller knows which pool a request is in (a variant, a fallback), and a
+recording keeps the pool.
 """
 
 from __future__ import annotations
@@ -83,7 +88,8 @@ class Standbys:
 
 @dataclass(frozen=True, slots=True)
 class Arrived:
-    """A request may start (it passed auth and quotas): admit it, then route it.
+    """A request may start (it passed auth and quotas): choose its variant, admit it, then
+    route it. ``request.model`` is the served name the client sent.
 
     ``priority`` indexes :data:`~gpufleet.policy.CLASSES`; ``deadline`` bounds its wait in
     the admission queue (``None``: the pool's ``max_wait``). ``resumable``: the shell can
@@ -138,6 +144,17 @@ class Tick:
     """Time passed: do what fell due (health, queue deadlines, holds, autoscaling)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """Served name ``model``'s variants get these weights from now on (``(pool, weight)``
+    pairs; a variant not named keeps its weight). A weight may be 0 (the variant gets no new
+    request), but one variant at least keeps a positive weight. What a rollout's step sets;
+    sessions move only to a variant whose weight rose, or away from one whose weight fell."""
+
+    model: str
+    weights: tuple[tuple[str, float], ...]
+
+
 Event = (
     Replicas
     | Scraped
@@ -148,6 +165,7 @@ Event = (
     | Finished
     | ClientGone
     | Tick
+    | Weights
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -161,7 +179,9 @@ class Route:
     ``resume``: its stream broke after the first byte; continue it there (the prompt plus
     what the client already has, spliced into the same stream). ``policy``, ``panic`` and
     ``matched`` say how the router chose, ``held`` that it waited for a replica at an empty
-    pool first (metrics)."""
+    pool first (metrics). ``model``: the pool (a variant, or a fallback's) of a request whose
+    served name is not simply one pool's own; empty for the others (the served name is the
+    pool). The shell sends the pool's engines the pool's name as ``model``."""
 
     request_id: str
     replica: ReplicaId
@@ -171,6 +191,7 @@ class Route:
     matched: int = 0
     held: bool = False
     resume: bool = False
+    model: str = ""
 
 
 class RejectReason:
@@ -197,6 +218,30 @@ class Reject:
     request_id: str
     reason: str
     budget: bool = False
+    model: str = ""
+    """The pool it was last in, as on :class:`Route` (empty: the served name's own)."""
+
+
+class FallbackReason:
+    """Why a request left a served name for the next in its ``fallbacks``: a
+    :class:`RejectReason` of the pool it was in (every one but ``broken``), or this."""
+
+    CONTEXT: Final = "context"
+    """Its prompt (the shell's estimate of its tokens) and the output it asks for are longer
+    than the context of every variant of the name it leaves."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """Request ``request_id`` goes from served name ``model`` to ``to`` (its variant
+    ``pool``), because of ``reason`` (a :class:`FallbackReason`). The shell counts it; the
+    request's next decision (a Route, or a Reject) follows, now or later."""
+
+    request_id: str
+    model: str
+    to: str
+    pool: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +269,7 @@ class Scale:
     view: PoolView
 
 
-Command = Route | Reject | Probe | Ejected | Scale
+Command = Route | Reject | Fallback | Probe | Ejected | Scale
 
 # -- JSON -------------------------------------------------------------------------------------
 
@@ -260,6 +305,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
             }
             if resumable:  # absent: not resumable (and recordings made before resumes)
                 line["resumable"] = True
+            if r.max_tokens is not None:  # absent: not said (and recordings made before)
+                line["max_tokens"] = r.max_tokens
             return line
         case AttemptFailed(model=model, request_id=rid, outcome=outcome, streamed=streamed):
             return {
@@ -281,6 +328,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
             return {"kind": "gone", "model": model, "id": rid}
         case Tick():
             return {"kind": "tick"}
+        case Weights(model=model, weights=weights):
+            return {"kind": "weights", "model": model, "weights": [list(w) for w in weights]}
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -300,6 +349,7 @@ def _arrived(d: dict[str, Any]) -> Arrived:
         prompt_tokens=int(d["prompt_tokens"]),
         session_key=d["session"],
         tenant=d["tenant"],
+        max_tokens=None if d.get("max_tokens") is None else int(d["max_tokens"]),
     )
     deadline = d["deadline"]
     return Arrived(
@@ -337,19 +387,36 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
     "finished": _finished,
     "gone": lambda d: ClientGone(d["model"], d["id"]),
     "tick": lambda d: Tick(),
+    "weights": lambda d: Weights(
+        str(d["model"]), tuple((str(p), float(w)) for p, w in d["weights"])
+    ),
 }
 
 
 def command_to_json(command: Command) -> dict[str, Any]:
     """The command as a JSON-ready dict: the decision log's line."""
     match command:
-        case Route(request_id=rid, replica=replica, retry=retry, resume=resume):
-            line = {"do": "route", "id": rid, "replica": replica, "retry": retry}
+        case Route(request_id=rid, replica=replica, retry=retry, resume=resume, model=model):
+            line: dict[str, Any] = {"do": "route", "id": rid, "replica": replica, "retry": retry}
             if resume:  # absent: not a resume (and recordings made before resumes)
                 line["resume"] = True
+            if model:  # absent: the served name is the pool (and recordings made before)
+                line["model"] = model
             return line
-        case Reject(request_id=rid, reason=reason, budget=budget):
-            return {"do": "reject", "id": rid, "reason": reason, "budget": budget}
+        case Reject(request_id=rid, reason=reason, budget=budget, model=model):
+            line = {"do": "reject", "id": rid, "reason": reason, "budget": budget}
+            if model:
+                line["model"] = model
+            return line
+        case Fallback(request_id=rid, model=model, to=to, pool=pool, reason=reason):
+            return {
+                "do": "fallback",
+                "id": rid,
+                "model": model,
+                "to": to,
+                "pool": pool,
+                "reason": reason,
+            }
         case Probe(model=model, replica=replica):
             return {"do": "probe", "model": model, "replica": replica}
         case Ejected(record=r):

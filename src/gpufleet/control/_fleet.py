@@ -7,6 +7,10 @@
     control.next_wakeup()
     control.log = DecisionLog(open("run.jsonl", "w"))   # record: every event, its commands
 
+It owns the served names (``gpufleet.control._served``): an ``Arrived`` names what the
+client sent; the controller chooses the variant (pool) and, when that pool rejects the
+request (or cannot hold its prompt), the next name of its ``fallbacks``.
+
 A recording is JSON lines: a header (the fleet file as JSON, the seed, the admission and
 autoscale switches, so a replay needs nothing else), then one line per event::
 
@@ -20,20 +24,37 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, Final
 
 from gpufleet.config import FleetConfig
 from gpufleet.control._events import (
     Arrived,
+    AttemptFailed,
+    ClientGone,
     Command,
     Event,
+    Fallback,
+    FallbackReason,
+    Finished,
+    Reject,
+    RejectReason,
+    Route,
     Tick,
+    Weights,
     command_to_json,
     event_from_json,
     event_to_json,
 )
 from gpufleet.control._pool import PoolController
+from gpufleet.control._served import (
+    Flight,
+    ServedModel,
+    choose,
+    in_pool,
+    route_in,
+    served_models,
+)
 from gpufleet.control._settings import PoolSettings
 
 RECORDING_VERSION: Final = 1
@@ -91,10 +112,24 @@ class QueueReport:
     """Per tenant: its virtual token counter (the fair share's weighted tokens)."""
 
 
-class FleetController:
-    """One :class:`PoolController` per model pool, in the fleet file's order."""
+_REQUEST_EVENTS: Final = (AttemptFailed, Finished, ClientGone)
 
-    __slots__ = ("fleet", "log", "pools", "seed")
+
+class FleetController:
+    """One :class:`PoolController` per model pool, in the fleet file's order, and the
+    served names over them."""
+
+    __slots__ = (
+        "_contexts",
+        "_flights",
+        "fallbacks",
+        "fleet",
+        "log",
+        "pools",
+        "seed",
+        "served",
+        "touched",
+    )
 
     def __init__(self, fleet: FleetConfig, pools: Mapping[str, PoolController], seed: int) -> None:
         self.fleet = fleet
@@ -102,6 +137,17 @@ class FleetController:
         self.seed = seed
         self.log: DecisionLog | None = None
         """Where every event and its commands go (``--record``), or ``None``."""
+        settings = {name: pool.settings for name, pool in self.pools.items()}
+        self.served: dict[str, ServedModel] = served_models(fleet, settings)
+        """Every name clients may send as ``model``, in ``FleetConfig.served_names`` order."""
+        self.fallbacks: dict[tuple[str, str, str], int] = {}
+        """Fallbacks taken, per (from, to, reason)."""
+        self.touched: str | None = None
+        """The one pool the last event reached (``None``: several, or any: a Tick, a
+        request that moved to a fallback's pool): where the shell looks for a changed view."""
+        self._contexts = {name: s.context for name, s in settings.items()}
+        self._flights: dict[str, Flight] = {}
+        """The requests of names that are not plain, by id, until they end."""
 
     @classmethod
     def of(
@@ -155,18 +201,123 @@ class FleetController:
         self.log = log
 
     def handle(self, now: float, event: Event) -> list[Command]:
-        if isinstance(event, Tick):
-            commands: list[Command] = []
-            for pool in self.pools.values():
-                wake = pool.next_wakeup()
+        followed = False
+        if isinstance(event, Arrived):
+            commands, followed = self._arrived(now, event)
+        elif isinstance(event, Tick):
+            self.touched = None
+            commands = []
+            for due in self.pools.values():
+                wake = due.next_wakeup()
                 if wake is not None and now >= wake:
-                    commands += pool.handle(now, event)
+                    commands += due.handle(now, event)
+        elif isinstance(event, Weights):
+            self.touched = None
+            self._reweigh(event)
+            commands = []
+        elif self._flights and isinstance(event, _REQUEST_EVENTS):
+            event, commands = self._request_event(now, event)
         else:
-            model = event.request.model if isinstance(event, Arrived) else event.model
-            commands = self.pools[model].handle(now, event)
+            self.touched = event.model
+            pool = self.pools.get(event.model)
+            commands = [] if pool is None else pool.handle(now, event)
+        if self._flights and commands and not followed:
+            commands = self._follow(now, commands)
         if self.log is not None:
             self.log.write(now, event, commands)
         return commands
+
+    def _arrived(self, now: float, event: Arrived) -> tuple[list[Command], bool]:
+        """A request arrives at its served name: its commands, and whether they were
+        followed already (a name that is not plain: by :meth:`_enter`)."""
+        name = event.request.model
+        served = self.served.get(name)
+        if served is None:
+            raise ValueError(f"no served model {name!r} (served: {', '.join(self.served)})")
+        if served.plain:
+            self.touched = name
+            return self.pools[name].handle(now, event), False
+        flight = Flight(event, served.reach)
+        self._flights[event.request.request_id] = flight
+        served.arrived += 1
+        out: list[Command] = []
+        self._enter(now, flight, None, out)
+        # one pool's view can have changed, unless it moved on (or skipped a name)
+        self.touched = flight.pool if flight.step == 0 and len(flight.tried) == 1 else None
+        return out, True
+
+    def _request_event(
+        self, now: float, event: AttemptFailed | Finished | ClientGone
+    ) -> tuple[Event, list[Command]]:
+        """A request's event while some requests are in flights: to the pool it is in (the
+        event as logged, and its commands)."""
+        flight = self._flights.get(event.request_id)
+        if flight is not None and event.model != flight.pool:
+            event = replace(event, model=flight.pool)  # the shell may name the served name
+        self.touched = event.model
+        pool = self.pools.get(event.model)
+        commands = [] if pool is None else pool.handle(now, event)
+        if flight is not None and not isinstance(event, AttemptFailed):
+            del self._flights[event.request_id]  # it ended (answered, or its client left)
+        return event, commands
+
+    # -- served names -----------------------------------------------------------------------
+
+    def _enter(self, now: float, flight: Flight, reason: str | None, out: list[Command]) -> bool:
+        """Send ``flight`` into the next step of its chain that has a variant for it (the
+        first, at its arrival; after a Reject for ``reason``, the next); whether one had.
+        What that pool answers is followed into ``out`` (it may reject it at once)."""
+        chain = self.served[flight.arrived.request.model].chain
+        for step in range(flight.step + 1, len(chain)):
+            served = self.served[chain[step]]
+            pool = choose(served, flight, self._contexts)
+            if pool is None:  # none it has not tried holds its prompt
+                continue
+            if step == 0:  # its name's own split (not a fallback's, not a second try)
+                served.chosen[pool] = served.chosen.get(pool, 0) + 1
+            arrived = flight.arrived
+            request = arrived.request
+            if step > 0:  # it leaves the name it is in (at its arrival: none held the prompt)
+                why = reason or FallbackReason.CONTEXT
+                out.append(Fallback(request.request_id, flight.name, served.name, pool, why))
+                key = (flight.name, served.name, why)
+                self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
+            flight.step, flight.name, flight.pool = step, served.name, pool
+            flight.tried.append(pool)
+            if request.model != pool:
+                arrived = in_pool(arrived, pool)
+            out.extend(self._follow(now, self.pools[pool].handle(now, arrived)))
+            return True
+        return False
+
+    def _follow(self, now: float, commands: list[Command]) -> list[Command]:
+        """Commands of requests in flights: each Route and final Reject names its pool; a
+        Reject that is not final (not ``broken``, a fallback left) becomes the fallback."""
+        flights = self._flights
+        out: list[Command] = []
+        for command in commands:
+            if isinstance(command, Route):
+                flight = flights.get(command.request_id)
+                out.append(command if flight is None else route_in(command, flight.pool))
+            elif isinstance(command, Reject) and (flight := flights.get(command.request_id)):
+                if command.reason != RejectReason.BROKEN and self._enter(
+                    now, flight, command.reason, out
+                ):
+                    self.touched = None  # it moved to another pool
+                else:
+                    del flights[command.request_id]  # its last word
+                    out.append(
+                        Reject(command.request_id, command.reason, command.budget, flight.pool)
+                    )
+            else:
+                out.append(command)
+        return out
+
+    def _reweigh(self, event: Weights) -> None:
+        served = self.served.get(event.model)
+        if served is None:
+            raise ValueError(f"weights: no served model {event.model!r}")
+        served.reweigh(event.weights)
 
     def next_wakeup(self) -> float | None:
         due = None

@@ -36,6 +36,9 @@ class PoolSettings:
     """Requests a pool with no routable replica holds while one is on its way (a replica
     starting, or an autoscaled pool scaling from zero); 0: none."""
     hold_timeout: float = 60.0
+    context: int | None = None
+    """The longest context the pool's engines serve (``ModelConfig.context_length``;
+    ``None``: not known): a longer prompt goes to a fallback, if its served name has one."""
 
     @classmethod
     def of(
@@ -68,6 +71,7 @@ class PoolSettings:
             ),
             hold_requests=gateway.autoscaler.hold_requests,
             hold_timeout=gateway.autoscaler.hold_timeout,
+            context=model.context_length,
         )
 
     @property

@@ -32,6 +32,9 @@ class RouteRequest:
     session_key: str | None = None
     """Affinity key: a session header, or the OpenAI ``user`` field."""
     tenant: str | None = None
+    max_tokens: int | None = None
+    """The most output tokens it asks for (``max_tokens``/``max_completion_tokens``; ``None``:
+    not said). With ``prompt_tokens``, what a pool's context must hold."""
 
 
 def text_prefix_hashes(text: str, block_chars: int = 512, max_blocks: int = 256) -> tuple[int, ...]:

@@ -160,10 +160,12 @@ class Gateway:
                         "created": self._created,
                         "owned_by": "gpufleet",
                     }
-                    for m in config.models
+                    for m in config.served_names()
                 ],
             }
         ).encode()
+        """``/v1/models``: the served names (a pool that is only another name's variant is
+        not one)."""
 
     # -- ASGI -----------------------------------------------------------------------------
 
@@ -321,10 +323,9 @@ class Gateway:
         body = await _read_body(receive, self._timeouts.request_body)
         payload = _parse(body, route)
         model = payload["model"]
-        pool = self.control.pools.get(model)
-        if pool is None:
+        if not self.control.served(model):
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
-        request = _route_request(model, scope, payload, request_id, pool.settings.hashes)
+        request = _route_request(model, scope, payload, request_id, self.control.hashes(model))
         admitted = None
         status = 500
         # watched from before admission: a client that leaves while queued gives its
@@ -398,39 +399,44 @@ class Gateway:
         priority, weight, deadline = (0, 1.0, None) if admitted is None else admitted.admission
         ended = False
         state = resume
+        bodies = {model: body}  # the body each pool's engines get (_body_of)
         try:
             decision = await control.arrive(
                 request, priority, weight, deadline, resumable=state is not None
             )
             if isinstance(decision, Route):
-                self._routed(model, decision, arrived, admitted)
+                self._routed(decision.model or model, decision, arrived, admitted)
             stream = route.streams and payload.get("stream") is True
             relays = stream and _RELAY in (scope.get("extensions") or ())
             headers = [("content-type", "application/json"), ("x-request-id", request_id)]
             last: UpstreamError | None = None
             while isinstance(decision, Route):
                 replica = decision.replica
+                pool = decision.model or model
                 upstream = control.upstreams[replica]  # the controller routes to known ones
                 assert upstream.url is not None
                 if admitted is not None:
                     admitted.replica = replica
-                in_flight = metrics.child(metrics.in_flight, replica)
-                in_flight.inc()
+                (in_flight := metrics.child(metrics.in_flight, replica)).inc()
                 outcome = Outcome.CANCELLED
                 try:
                     if decision.resume:
                         assert state is not None
-                        resumed = UpstreamRequest(upstream.url, path, state.body, headers)
                         status, outcome, broke = await self._resume(
-                            resumed, state, send, admitted=admitted
+                            UpstreamRequest(
+                                upstream.url, path, _for_pool(state.body, pool, model), headers
+                            ),
+                            state,
+                            send,
+                            admitted=admitted,
                         )
                     else:
                         status, outcome, broke = await self._attempt(
-                            UpstreamRequest(upstream.url, path, body, headers),
+                            UpstreamRequest(upstream.url, path, _body_of(bodies, pool), headers),
                             stream,
                             send,
                             rid=rid,
-                            model=model,
+                            model=pool,
                             arrived=arrived,
                             admitted=admitted,
                             relays=relays,
@@ -439,7 +445,7 @@ class Gateway:
                         )
                 except UpstreamError as failure:
                     outcome, last = failure.outcome, failure
-                    decision = control.failed(model, request_id, outcome)
+                    decision = await control.failed(pool, request_id, outcome)
                     continue
                 finally:
                     in_flight.dec()
@@ -448,7 +454,7 @@ class Gateway:
                         metrics.forget_replica(replica)
                 ended = True
                 after = await self._after(
-                    model, request_id, (status, outcome, broke), state, send, admitted
+                    pool, request_id, (status, outcome, broke), state, send, admitted
                 )
                 if not isinstance(after, Route):
                     return after
@@ -469,8 +475,9 @@ class Gateway:
         send: Send,
         admitted: Admitted | None,
     ) -> Route | int:
-        """An attempt that reached the client ended: the request's status, or the Route of
-        a resume (a resumable stream that broke, and the controller resumes it)."""
+        """An attempt that reached the client ended (on pool ``model``): the request's
+        status, or the Route of a resume (a resumable stream that broke, and the controller
+        resumes it)."""
         control, metrics = self.control, self.metrics
         status, outcome, broke = attempt
         if not broke:
@@ -479,13 +486,13 @@ class Gateway:
                 metrics.child(metrics.resumed_prompt_tokens, model).inc(state.resent())
             return status
         if state is None:  # the client has an error event; the controller counts it
-            control.failed(model, request_id, outcome, streamed=True)
+            await control.failed(model, request_id, outcome, streamed=True)
             return status
         if state.complete():  # it broke after the answer's end: the client has it
             await self._end_answered(send, state, admitted)
             control.finished(model, request_id, outcome, _work(admitted))
             return 200
-        decision = control.failed(model, request_id, outcome, streamed=True)
+        decision = await control.failed(model, request_id, outcome, streamed=True)
         if isinstance(decision, Route) and state.next_body():
             metrics.child(metrics.resumes, model, "resumed").inc()
             return decision
@@ -866,19 +873,42 @@ async def _origin_error(status: int, chunks: AsyncIterator[bytes]) -> ReplicaOri
     )
 
 
+def _for_pool(body: bytes, pool: str, served: str) -> bytes:
+    """``body`` with ``pool`` as its ``model``: a pool's engines serve the pool's name (a
+    variant of served name ``served``, or a fallback's pool); the served name's own pool
+    takes the body as it is."""
+    if pool == served:
+        return body
+    data = json.loads(body)
+    data["model"] = pool
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _body_of(bodies: dict[str, bytes], pool: str) -> bytes:
+    """The first attempt's body for ``pool``'s engines, made once per pool (``bodies``
+    starts with the served name's own, the client's body)."""
+    found = bodies.get(pool)
+    if found is None:
+        served, body = next(iter(bodies.items()))
+        found = bodies[pool] = _for_pool(body, pool, served)
+    return found
+
+
 def _route_request(
     model: str, scope: Scope, payload: dict[str, Any], request_id: str, hashes: bool
 ) -> RouteRequest:
     """What the router sees of a request: its prefix hashes (only for a router that reads
-    them), size and session key."""
+    them), size, the output it asks for and its session key."""
     text = _prompt_text(payload)
     session = _header(scope, b"x-session-id") or payload.get("user")
+    limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
     return RouteRequest(
         request_id,
         model,
         prefix_hashes=text_prefix_hashes(text) if hashes else (),
         prompt_tokens=len(text) // 4,
         session_key=session if isinstance(session, str) else None,
+        max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
     )
 
 

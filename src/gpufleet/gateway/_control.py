@@ -11,11 +11,14 @@ turns what happens on the event loop into their events and does what they answer
                                    ▼
     Route / Reject ──► the waiting request     Probe  ──► a probe task
     Ejected        ──► metrics                 Scale  ──► the actuator (ScaleExecutor)
+    Fallback       ──► metrics
 
 A request's own decision usually comes back from its own event (it starts, or is refused,
-at once); one that waits in the admission queue or the hold gets a future that a later
-event's commands resolve. ``record`` writes every event and its commands as JSON lines
-(``gpufleet up --record``), which ``gpufleet replay`` feeds to a fresh controller.
+at once); one that waits in the admission queue or the hold (or, after a fallback, in the
+next pool's) gets a future that a later event's commands resolve. A request names its
+served name; the controller chooses its pool (a Route's ``model``) and moves it on.
+``record`` writes every event and its commands as JSON lines (``gpufleet up --record``),
+which ``gpufleet replay`` feeds to a fresh controller.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import IO, Final
 
 from gpufleet.config import FleetConfig
@@ -34,6 +37,7 @@ from gpufleet.control import (
     Command,
     Ejected,
     Event,
+    Fallback,
     Finished,
     FleetController,
     PoolController,
@@ -135,11 +139,13 @@ class LiveControl:
 
     # -- the one way in -------------------------------------------------------------------
 
-    def handle(self, event: Event, model: str | None = None) -> list[Command]:
-        """``model``: the event's pool (only its view and its wake-up can have changed);
-        ``None``: any."""
+    def handle(self, event: Event, *, request: bool = False) -> list[Command]:
+        """Hand ``event`` to the controller and carry out what it says. ``request``: a
+        request's event, which can have changed only the view and wake-up of the pool it
+        reached (``FleetController.touched``; ``None``: it moved to a fallback's)."""
         now = self._clock()
-        commands = self.control.handle(now, event)
+        control = self.control
+        commands = control.handle(now, event)
         for command in commands:
             if isinstance(command, _DECISIONS):
                 waiter = self._waiters.pop(command.request_id, None)
@@ -149,10 +155,11 @@ class LiveControl:
                     waiter.set_result(command)
             else:
                 self._carry_out(now, command)
-        if model is None:
+        model = control.touched if request else None
+        if model is None or model not in self.pools:
             for name, pool in self.pools.items():
                 self._show(name, pool)
-            self._arm(now, self.control.next_wakeup())
+            self._arm(now, control.next_wakeup())
         else:
             pool = self.pools[model]
             if pool.view is not self._shown.get(model) or pool.autoscaler is not None:
@@ -175,6 +182,9 @@ class LiveControl:
             if self.scaling is not None:
                 self.scaling.carry_out(now, command)
             self.timeline.scaled(now, command)
+        elif isinstance(command, Fallback):
+            metrics = self.metrics
+            metrics.child(metrics.fallbacks, command.model, command.to, command.reason).inc()
 
     def _show(self, model: str, pool: PoolController) -> None:
         """Show the pool's view (and its held requests) where they changed."""
@@ -246,9 +256,24 @@ class LiveControl:
     ) -> Decision:
         """The request's first decision: a Route, or a Reject; it may wait (queued, held).
         Cancelled (the client left): the caller reports :meth:`gone`. ``resumable``: its
-        stream can be resumed on another replica if it breaks after the first byte."""
-        rid = request.request_id
-        self.handle(Arrived(request, priority, weight, deadline, resumable), request.model)
+        stream can be resumed on another replica if it breaks after the first byte.
+        ``request.model`` is the served name; a Route's ``model`` names the pool chosen."""
+        self.handle(Arrived(request, priority, weight, deadline, resumable), request=True)
+        decision = await self._decision(request.request_id)
+        if self.scaling is not None:  # the hold's outcomes (autoscaled pools)
+            pool = decision.model or request.model
+            if isinstance(decision, Route):
+                if decision.held:
+                    self.scaling.hold_ended(pool, "served")
+            elif decision.reason == RejectReason.HOLD_FULL:
+                self.scaling.hold_ended(pool, "full")
+            elif decision.reason == RejectReason.HOLD_TIMEOUT:
+                self.scaling.hold_ended(pool, "timeout")
+        return decision
+
+    async def _decision(self, rid: str) -> Decision:
+        """Request ``rid``'s decision: made inside its own event, or awaited (cancelled when
+        its client leaves: the caller reports :meth:`gone`)."""
         decision = self._early.pop(rid, None)
         if decision is None:
             waiter: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
@@ -257,23 +282,23 @@ class LiveControl:
                 decision = await waiter
             finally:
                 self._waiters.pop(rid, None)
-        if self.scaling is not None:  # the hold's outcomes (autoscaled pools)
-            if isinstance(decision, Route):
-                if decision.held:
-                    self.scaling.hold_ended(request.model, "served")
-            elif decision.reason == RejectReason.HOLD_FULL:
-                self.scaling.hold_ended(request.model, "full")
-            elif decision.reason == RejectReason.HOLD_TIMEOUT:
-                self.scaling.hold_ended(request.model, "timeout")
         return decision
 
-    def failed(self, model: str, rid: str, outcome: Outcome, *, streamed: bool = False) -> Decision:
-        """The attempt failed: the next Route (a retry), or the Reject that ends it."""
-        self.handle(AttemptFailed(model, rid, outcome, streamed), model)
-        decision = self._early.pop(rid)
+    def failed(
+        self, model: str, rid: str, outcome: Outcome, *, streamed: bool = False
+    ) -> Coroutine[None, None, Decision]:
+        """The attempt (on pool ``model``) failed, told to the controller now; await the
+        next Route (a retry, a resume, or the first attempt in a fallback's pool, which may
+        wait in its queue) or the Reject that ends it."""
+        self.handle(AttemptFailed(model, rid, outcome, streamed), request=True)
+        return self._failed(model, rid, outcome)
+
+    async def _failed(self, model: str, rid: str, outcome: Outcome) -> Decision:
+        decision = await self._decision(rid)
         metrics = self.metrics
         if isinstance(decision, Route):
-            metrics.child(metrics.retries, model, outcome.value).inc()
+            if decision.retry or decision.resume:  # not a fallback's first attempt
+                metrics.child(metrics.retries, model, outcome.value).inc()
         elif decision.budget:
             metrics.child(metrics.retries_refused, model).inc()
         return decision
@@ -281,13 +306,23 @@ class LiveControl:
     def finished(
         self, model: str, rid: str, outcome: Outcome, work: tuple[int, int] | None = None
     ) -> None:
-        self.handle(Finished(model, rid, outcome, work), model)
+        self.handle(Finished(model, rid, outcome, work), request=True)
 
     def gone(self, model: str, rid: str) -> None:
-        self.handle(ClientGone(model, rid), model)
+        self.handle(ClientGone(model, rid), request=True)
+
+    def served(self, name: str) -> bool:
+        """Whether clients may send ``name`` as ``model`` (a served name or alias)."""
+        return name in self.control.served
+
+    def hashes(self, name: str) -> bool:
+        """Whether requests to served name ``name`` need prefix hashes (a pool it can
+        reach routes by prefix)."""
+        return self.control.served[name].hashes
 
     def refusal(self, model: str, reject: Reject, last: UpstreamError | None) -> GatewayError:
-        """The error a Reject answers with (503 with ``Retry-After``)."""
+        """The error a Reject answers with (503 with ``Retry-After``); ``model``: the name
+        the client sent (the pool it was last in is ``reject.model``, if another)."""
         retry_after = self.config.gateway.retry_after
         reason = reject.reason
         if reason == RejectReason.SHED:
@@ -300,7 +335,7 @@ class LiveControl:
                 f"`{model}` is saturated and the request could not start before its deadline", 1
             )
         if reason == RejectReason.HOLD_FULL:
-            held = self.pools[model].held
+            held = self.pools[reject.model or model].held
             return NoReplicaError(
                 f"no replica of `{model}` is ready and {held} requests already wait for one",
                 retry_after,

@@ -84,6 +84,12 @@ class GatewayMetrics:
             "another replica) or broken (ended with an error event).",
             ["model", "outcome"], registry=registry,
         )  # fmt: skip
+        self.fallbacks = Counter(
+            p + "fallbacks",
+            "Requests sent on from a served name to the next of its fallbacks, by the name "
+            "left, the name gone to and why (a reject reason of the pool left, or context).",
+            ["model", "to", "reason"], registry=registry,
+        )  # fmt: skip
         self.resumed_prompt_tokens = Counter(
             p + "resumed_prompt_tokens",
             "Prompt tokens sent again by resumed streams (the prompt plus what was sent).",

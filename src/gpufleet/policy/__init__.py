@@ -15,6 +15,8 @@ the gateway and the fleet simulator, which reach them only through it (``.import
 * Admission: :class:`PoolAdmission` and its :class:`FairQueue` (strict priority classes,
   weighted fair share on a virtual token counter) (docs/tenants.md). A tenant's quota (rpm,
   tpm, concurrency) is the gateway's, checked before a request reaches the controller.
+* Variants: :func:`choose_variant` picks a served model's variant (pool) for a request's
+  key, weighted and sticky (docs/fleet-file.md, "Served names, variants and fallbacks").
 """
 
 from gpufleet.policy._admission import (
@@ -84,6 +86,7 @@ from gpufleet.policy._routers import (
     kv_scores,
 )
 from gpufleet.policy._session import SessionRouter
+from gpufleet.policy._variants import choose_variant, variant_point
 
 __all__ = [
     "CLASSES",
@@ -137,6 +140,7 @@ __all__ = [
     "Standby",
     "Ticket",
     "choose_drain",
+    "choose_variant",
     "decision_record",
     "ejection_time",
     "in_panic",
@@ -150,4 +154,5 @@ __all__ = [
     "retry_allowed",
     "saturation",
     "select_candidates",
+    "variant_point",
 ]

@@ -3,7 +3,8 @@
 The gateway's control loop runs here unchanged (``gpufleet.control``); this module only
 turns the simulated world into its events and does what it says::
 
-    Arrival          ─► Arrived(RouteRequest: pool, prefix hashes, prompt tokens, tenant)
+    Arrival          ─► Arrived(RouteRequest: served name, prefix hashes, prompt tokens,
+                                tenant, session: what picks its variant)
     replica ends     ─► Finished(work: uncached prompt, output tokens)
     crash            ─► AttemptFailed(streamed: had its first token) · Replicas(no process)
                         (every request is resumable: Arrived(resumable=True))
@@ -15,6 +16,7 @@ turns the simulated world into its events and does what it says::
               that instant, since one replica's event may not touch another); a resume:
               the prompt plus the tokens generated so far (FleetHarness.submit_resume)
     Reject ─► an error row (the gateway's 503, or a stream cut mid-way)
+    Fallback ─► nothing (the controller counts them; its next Route or Reject follows)
     Probe  ─► answered at once: ok unless the replica is down
     Scale  ─► the modelled runtime (``gpufleet.sim._autoscale``)
 
@@ -42,6 +44,7 @@ from gpufleet.control import (
     Command,
     Ejected,
     EjectionRecord,
+    Fallback,
     Finished,
     FleetController,
     Probe,
@@ -200,6 +203,8 @@ class SimControl:
         self.ejections: list[EjectionRecord] = []
         self.refused_pool: dict[int, str] = {}
         """The pool of each request that failed without ever reaching a replica."""
+        self.arrivals = 0
+        """Requests that arrived (a pool counts those that fell back to it too)."""
         self.waits: dict[int, float] = {}
         """Seconds each request waited before its first attempt (queued or held)."""
         self.on_scale: Callable[[float, Scale], None] | None = None
@@ -243,10 +248,12 @@ class SimControl:
     def last_end(self, replica: int) -> float:
         return self.replicas.by_driver[replica].last_end
 
-    def pool_of(self, request: TraceRequest) -> str:
-        """The model that serves ``request``: the one its trace names, else the first."""
+    def model_of(self, request: TraceRequest) -> str:
+        """The served name ``request`` asks for: the one its trace names, else the first
+        (``FleetConfig.served_names``: a pool's own name, or a ``served`` entry's)."""
         model = request.model
-        return model if model is not None and model in self.control.pools else self.pool_names()[0]
+        served = self.control.served
+        return model if model is not None and model in served else next(iter(served))
 
     def provision(self, now: float, model: str) -> ReplicaId:
         """A replica of ``model`` starts (a cold start): listed as starting, no process."""
@@ -388,10 +395,12 @@ class SimControl:
                     self._deferred.append(command)
                 case Route(request_id=rid, replica=replica, resume=resume):
                     events += self._submit(now, int(rid), replica, resume)
-                case Reject(request_id=rid, reason=reason):
-                    self._refuse(now, int(rid))
+                case Reject(request_id=rid, reason=reason, model=pool):
+                    self._refuse(now, int(rid), pool)
                     if self._on_refuse is not None:
                         self._on_refuse(int(rid), reason)
+                case Fallback():
+                    pass  # counted by the controller; the request's next decision follows
                 case Probe(model=model, replica=replica):
                     entry = self.replicas.by_id.get(replica)
                     ok = entry is not None and entry.state is ReplicaState.READY
@@ -437,8 +446,9 @@ class SimControl:
     def arrive(
         self, now: float, index: int, request: TraceRequest, prompt: tuple[int, ...]
     ) -> list[ScheduledEvent]:
-        model = self.pool_of(request)
-        pool = self.control.pools[model]
+        self.arrivals += 1
+        model = self.model_of(request)
+        hashes = self.control.served[model].hashes
         tenant, priority, weight = (
             (None, 0, 1.0) if self._tenant_of is None else self._tenant_of(index, request)
         )
@@ -446,10 +456,12 @@ class SimControl:
         routed = RouteRequest(
             str(index),
             model,
-            prefix_hashes=token_prefix_hashes(prompt) if pool.settings.hashes else (),
+            prefix_hashes=token_prefix_hashes(prompt) if hashes else (),
             prompt_tokens=len(prompt),
             session_key=request.session,
             tenant=tenant,
+            # the replica is asked for exactly this many tokens (what its context must hold)
+            max_tokens=request.output_tokens,
         )
         return self._tell(now, Arrived(routed, priority, weight, resumable=True))
 
@@ -473,12 +485,14 @@ class SimControl:
             return harness.submit_new(now, index, request, pending.prompt, k)
         return harness.submit_retry(now, index, k)
 
-    def _refuse(self, now: float, index: int) -> None:
+    def _refuse(self, now: float, index: int, pool: str = "") -> None:
+        """Request ``index`` ends without an answer; ``pool``: the one it was last in (empty:
+        its served name's own)."""
         harness = self._harness
         assert harness is not None
         pending = self._pending.pop(index, None)
         if pending is not None:  # never reached a replica
-            self.refused_pool[index] = self.pool_of(pending.request)
+            self.refused_pool[index] = pool or self.model_of(pending.request)
             harness.refuse(now, index, pending.request, len(pending.prompt))
             return
         harness.fail_lost(now, index)

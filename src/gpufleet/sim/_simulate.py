@@ -213,8 +213,9 @@ class FleetSimulation:
 
     @property
     def arrived(self) -> int:
-        """Requests that reached the gateway so far (routed, or held by admission)."""
-        return sum(p.counters.arrived for p in self.control.pools.values())
+        """Requests that reached the gateway so far (routed, or held by admission); one
+        that fell back counts once (the pools count it in each)."""
+        return self.routing.arrivals
 
     def check(self) -> list[str]:
         """The global checks of a finished run: every request that arrived ended exactly
@@ -523,9 +524,43 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
             ),
         },
         "faults": _faults_report(sim),
+        **_served_report(sim),
         **({} if sim.tenants is None else {"tenants": _tenants_report(sim)}),
         "digest": recorder.digest(),
     }
+
+
+def _served_report(sim: FleetSimulation) -> dict[str, Any]:
+    """The served names that are not plain (variants, aliases, fallbacks): the requests that
+    named each, how those sent to its variants split over them (against the weights: a
+    request none of them could hold went straight to a fallback) and the fallbacks taken.
+    Nothing for a fleet without them (its report is as before)."""
+    control = sim.control
+    names = {name: s for name, s in control.served.items() if not s.plain}
+    if not names:
+        return {}
+    served: dict[str, Any] = {}
+    for name, s in names.items():
+        total = sum(w for _, w in s.variants)
+        split = sum(s.chosen.values())
+        served[name] = {
+            "requests": s.arrived,
+            "variants": {
+                pool: {
+                    "weight": weight,
+                    "weight_share": _r(weight / total, 4) if total else None,
+                    "requests": s.chosen.get(pool, 0),
+                    "share": _r(s.chosen.get(pool, 0) / split, 4) if split else None,
+                }
+                for pool, weight in s.variants
+            },
+            "fallbacks": list(s.fallbacks),
+        }
+    fallbacks = [
+        {"from": source, "to": to, "reason": reason, "requests": n}
+        for (source, to, reason), n in sorted(control.fallbacks.items())
+    ]
+    return {"served": served, "fallbacks": fallbacks}
 
 
 def _tenants_report(sim: FleetSimulation) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from gpufleet.engine.server._engine import SimEngine
 from gpufleet.engine.server._errors import (
     ApiError,
     InjectedFaultError,
+    InjectedOverloadError,
     InvalidJSONError,
     InvalidRequestError,
     NotFoundError,
@@ -141,7 +142,12 @@ class JsonRoute(ABC):
                 await until_disconnect(receive, asyncio.Event().wait())
                 return
             if self.draws_errors and faults.draw_error():
-                raise InjectedFaultError("injected fault: this request was chosen to fail")
+                kind = (
+                    InjectedOverloadError
+                    if faults.config.error_status == 503
+                    else InjectedFaultError
+                )
+                raise kind("injected fault: this request was chosen to fail")
             respond = self.accept(scope, payload)
         except ClientGoneError:
             return

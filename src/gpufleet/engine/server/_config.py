@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.catalog import get_gpu, get_model
@@ -25,7 +27,9 @@ class FaultConfig(BaseModel):
     """Multiply every modelled step time by this factor."""
     error_rate: float = Field(default=0.0, ge=0, le=1)
     """Share of the requests that run the model (completions, embeddings, responses) answered
-    with a 500, drawn from the seeded RNG."""
+    with an error (``error_status``), drawn from the seeded RNG."""
+    error_status: Literal[500, 503] = 500
+    """The status of those errors: 500 (an engine fault) or 503 (overloaded)."""
     unhealthy: bool = False
     """``GET /health`` answers 503."""
 

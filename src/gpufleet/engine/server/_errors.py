@@ -12,7 +12,9 @@ The tree (STYLE 13); every leaf is mapped to vLLM's error body by ``error_body``
     ├── MethodNotAllowedError       405     MethodNotAllowedError  no
     ├── PayloadTooLargeError        413     PayloadTooLargeError   no
     ├── EngineUnavailableError      500     InternalServerError    yes  the engine loop died
-    └── InjectedFaultError          500     InternalServerError    yes  fault injection only
+    ├── InjectedFaultError          500     InternalServerError    yes  fault injection only
+    └── InjectedOverloadError       503     ServiceUnavailableError yes  fault injection
+                                                                         (error_status 503)
 
 Anything else that escapes a handler is a bug: it answers 500 ``InternalServerError`` too, and
 is logged with its traceback. The body is vLLM's ``ErrorResponse``::
@@ -88,6 +90,14 @@ class EngineUnavailableError(ApiError):
 class InjectedFaultError(ApiError):
     status = 500
     type = "InternalServerError"
+    retryable = True
+
+
+class InjectedOverloadError(ApiError):
+    """An injected error answered 503, as an overloaded engine (or a proxy before one) does."""
+
+    status = 503
+    type = "ServiceUnavailableError"
     retryable = True
 
 
