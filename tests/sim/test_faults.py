@@ -171,6 +171,42 @@ def test_slow_replica_is_slower_only_while_slow() -> None:
     assert before == [r for r in plain.harness.recorder.log if r.finish_s < 10.0]
 
 
+def test_a_replica_answering_5xx_is_ejected_while_alive_and_its_requests_served_elsewhere() -> None:
+    """A gray failure: the process lives and its probes pass, its answers are 5xx. Outlier
+    detection takes it out (consecutive_5xx), the retries go to the other replicas, and no
+    request is routed to it while it is ejected."""
+    config = parse_fleet(
+        {
+            "models": [
+                {
+                    "name": "llama-3.1-8b",
+                    "replicas": 3,
+                    "routing": "least_request",
+                    "health": {"outlier": {"consecutive_5xx": 3, "base_ejection_time": 30}},
+                }
+            ]
+        },
+        source="test",
+    )
+    sim = run(config, "errors:replica=llama-3.1-8b-1,from=5,to=25")
+    report = sim.report({})
+    faults = report["faults"]
+    assert faults["error_answers"] >= 3
+    assert faults["crashes"] == 0
+    (ejection, *_) = faults["ejections"]["log"]
+    assert ejection["replica"] == "llama-3.1-8b-1"
+    assert ejection["cause"] == "consecutive_5xx"
+    assert 5.0 <= ejection["at"] < 25.0
+    assert report["overall"]["failed"] <= faults["retries_refused"] + faults["no_replica"]
+    window = (ejection["at"], ejection["at"] + 30.0)
+    served_there = [
+        r for r in sim.harness.recorder.log if r.replica == 1 and not (r.failed or r.rejected)
+    ]
+    assert served_there  # before the errors began, and after the ejection
+    # a request that arrived while it was ejected was never served there
+    assert not [r for r in served_there if window[0] <= r.arrival_s < window[1]]
+
+
 def test_a_blackout_freezes_the_replicas_scraped_load() -> None:
     config = fleet(2, "kv_aware")
     faults = (parse_fault("blackout:replica=llama-3.1-8b-1,from=5,to=15"),)
