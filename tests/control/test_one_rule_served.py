@@ -30,8 +30,13 @@ from gpufleet.sim import SimControl, TraceRequest, token_prefix_hashes
 from gpufleet.sim._kernel import Kernel
 from tests.control.test_one_rule import (
     OUTPUT,
+    Down,
+    End,
+    Lost,
+    Scrape,
     ScriptedHarness,
     ScriptedReplicas,
+    Up,
     _compare,
     _Driver,
     _kinds,
@@ -71,32 +76,6 @@ class Arrive:
     i: int
     session: str
     long: bool = False
-
-
-@dataclass(frozen=True)
-class End:
-    i: int
-
-
-@dataclass(frozen=True)
-class Lost:
-    i: int
-    started: bool = False
-
-
-@dataclass(frozen=True)
-class Down:
-    k: int
-
-
-@dataclass(frozen=True)
-class Up:
-    k: int
-
-
-@dataclass(frozen=True)
-class Scrape:
-    loads: dict[int, tuple[int, int, float]]
 
 
 Step = Arrive | End | Lost | Down | Up | Scrape
@@ -228,10 +207,10 @@ async def run_live(config: FleetConfig) -> list[dict[str, Any]]:
                         route.model or SERVED, str(i), Outcome.CONNECT_FAILURE, streamed=started
                     )
                     decisions[i] = tasks.create_task(failed)
-                case Down(k=k):
+                case Down(replica=k):
                     world.down.add(k)
                     live.set_replicas(world.upstreams())
-                case Up(k=k):
+                case Up(replica=k):
                     world.down.discard(k)
                     world.restarts[k] += 1
                     live.set_replicas(world.upstreams())
@@ -279,10 +258,10 @@ def run_sim(config: FleetConfig) -> list[dict[str, Any]]:
                 sim.on_end(t, i, k, rejected=False)
             case Lost(i=i, started=started) if (k := driver_of(i)) is not None:
                 events = sim.on_lost(t, i, k, started)
-            case Down(k=k):
+            case Down(replica=k):
                 harness.drivers[k].down = True
                 sim.replica_down(t, k)
-            case Up(k=k):
+            case Up(replica=k):
                 harness.drivers[k].down = False
                 sim.replica_up(t, k)
             case Scrape(loads=loads):

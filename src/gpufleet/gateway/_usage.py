@@ -152,16 +152,23 @@ class Meter:
         rest, self._carry = self._carry, b""
         return rest
 
-    def _events(self, data: bytes) -> bytes:
+    def _complete(self, data: bytes, limit: int) -> tuple[bytes, bool]:
+        """The complete events of ``data`` (the unfinished one held back in ``_carry``), and
+        whether they are events; past ``limit`` bytes with no event end, all of ``data``
+        unread (passed on as it is, nothing held)."""
         cut = data.rfind(b"\n\n") + 2
         if cut == 1:  # no complete event yet: hold it (bounded)
-            if len(data) > _MAX_CARRY:
+            if len(data) > limit:
                 self._carry = b""
-                return data
+                return data, False
             self._carry = data
-            return b""
+            return b"", False
         complete, self._carry = data[:cut], data[cut:]
-        if b'"usage"' not in complete:
+        return complete, True
+
+    def _events(self, data: bytes) -> bytes:
+        complete, events = self._complete(data, _MAX_CARRY)
+        if not events or b'"usage"' not in complete:
             return complete
         kept: list[bytes] = []
         for event in complete.split(b"\n\n")[:-1]:
@@ -198,15 +205,8 @@ class ResponsesMeter(Meter):
 
     def chunk(self, chunk: bytes) -> bytes:
         data = self._carry + chunk if self._carry else chunk
-        cut = data.rfind(b"\n\n") + 2
-        if cut == 1:  # no complete event yet: hold it (bounded)
-            if len(data) > _MAX_EVENT:
-                self._carry = b""
-                return data
-            self._carry = data
-            return b""
-        complete, self._carry = data[:cut], data[cut:]
-        if not self._done and b'"usage"' in complete:
+        complete, events = self._complete(data, _MAX_EVENT)
+        if events and not self._done and b'"usage"' in complete:
             for event in complete.split(b"\n\n"):
                 if b'"usage"' in event:
                     self._final(event)
