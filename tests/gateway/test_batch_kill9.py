@@ -25,7 +25,7 @@ FLEET = """
 models:
   - name: llama-3.1-8b
     replicas: 1
-    args: ["--time-scale", "100", "--max-model-len", "2048"]
+    args: ["--time-scale", "20", "--max-model-len", "2048"]
     health: {active: {interval: 0.2}}
 gateway:
   batch: {lease: 2, poll_interval: 0.2, lines_in_flight: 32}
@@ -34,8 +34,8 @@ LINES = 1000
 
 
 def _staggered(i: int) -> int:
-    """Answers of 8 to 248 tokens: lines end one by one, so some always run (a kill at any
-    moment finds lines claimed)."""
+    """Answers of 8 to 248 tokens (up to about 0.3 s at time scale 20): lines end one by
+    one, so lines run at most moments."""
     return 8 + (i % 7) * 40
 
 
@@ -59,6 +59,22 @@ def _wait_for(client: openai.OpenAI, batch_id: str, completed: int, timeout: flo
         time.sleep(0.02)
 
 
+def _wait_claimed(store: Store, batch_id: str) -> None:
+    """Until the store shows lines claimed (the runner claims its next window a moment after
+    the last one's lines end: a busy machine can be found in that gap)."""
+    deadline = time.monotonic() + 30
+    lines = schema.batch_lines.c
+    while time.monotonic() < deadline:
+        with store.engine.connect() as conn:
+            claimed = conn.execute(
+                select(func.count()).where(lines.batch_id == batch_id, lines.state == "claimed")
+            ).scalar_one()
+        if claimed:
+            return
+        time.sleep(0.005)
+    raise AssertionError("no line claimed for 30 s")
+
+
 def test_kill_9_mid_batch_then_restart_runs_every_line_once(tmp_path: Path) -> None:
     (tmp_path / "fleet.yaml").write_text(FLEET)
     home = tmp_path / "home"
@@ -80,6 +96,7 @@ def test_kill_9_mid_batch_then_restart_runs_every_line_once(tmp_path: Path) -> N
             ).id
             created = time.monotonic()
             _wait_for(client, batch_id, 200, timeout=60)
+        _wait_claimed(store, batch_id)
         killed, killed_wall = time.monotonic(), time.time()
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
