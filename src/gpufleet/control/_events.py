@@ -1,7 +1,11 @@
 """What the shells tell the pool controller, and what it tells them back.
 
 Events carry no time: the controller is called as ``handle(now, event)``. Commands are plain
-frozen values the shell carries out (send an attempt, answer an error, probe, scale). Both
+values the shell carries out (send an attempt, answer an error, probe, scale). Nothing changes
+an event or a command once made (``dataclasses.replace`` makes another); the ones made per
+request (``Arrived``, ``AttemptFailed``, ``Finished``, ``ClientGone``, ``Route``, ``Reject``)
+are not frozen only because a frozen dataclass's ``__init__`` costs about 5× a plain one's,
+on the gateway's hot path. Both
 have a JSON form (:func:`event_to_json`, :func:`command_to_json`), so a live run's events can
 be recorded and replayed into a fresh controller, and its decisions compared line by line::
 
@@ -86,7 +90,7 @@ class Standbys:
     standbys: tuple[Standby, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per request: not frozen (above)
 class Arrived:
     """A request may start (it passed auth and quotas): choose its variant, admit it, then
     route it. ``request.model`` is the served name the client sent.
@@ -109,7 +113,7 @@ class Arrived:
         return self.request.model
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per request: not frozen (above)
 class AttemptFailed:
     """The request's attempt on its replica failed; ``streamed``: after its first byte
     reached the client (no retry then; a resume, if the request is resumable)."""
@@ -120,7 +124,7 @@ class AttemptFailed:
     streamed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per request: not frozen (above)
 class Finished:
     """The request's attempt ended without a replica failure (answered, 4xx, or the client
     left mid-answer: ``CANCELLED``). ``work`` = (uncached prompt, output tokens) if known."""
@@ -131,7 +135,7 @@ class Finished:
     work: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per request: not frozen (above)
 class ClientGone:
     """The client left while its request was queued, held or being answered."""
 
@@ -171,7 +175,7 @@ Event = (
 # -- commands ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per request: not frozen (above)
 class Route:
     """Send request ``request_id`` to ``replica`` (``retry``: a retry of an attempt that
     failed before the first byte).
@@ -210,7 +214,7 @@ class RejectReason:
     event."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per request: not frozen (above)
 class Reject:
     """Request ``request_id`` ends without an answer from a replica (503, or an error
     event on a broken stream); ``budget``: a retry was refused by the retry budget."""

@@ -675,7 +675,8 @@ class PoolController:
         self, now: float, req: _Request, work: tuple[int, int] | None, out: list[Command]
     ) -> None:
         self._leave(req, work)
-        self._pump(now, out)
+        if self._queued:
+            self._pump(now, out)
 
     def _leave(self, req: _Request, work: tuple[int, int] | None) -> None:
         del self._requests[req.request.request_id]

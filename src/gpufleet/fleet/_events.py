@@ -11,7 +11,7 @@ from gpufleet.fleet._replica import ReplicaId
 from gpufleet.fleet._request import Outcome
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per request: not frozen (cheaper); never changed
 class RequestFinished:
     """A request sent to ``replica`` ended with ``outcome`` (one event per attempt)."""
 

@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Final
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per request: not frozen (cheaper); never changed
 class RouteRequest:
     """A request as the router sees it; the gateway fills it from the body and headers."""
 

@@ -323,9 +323,10 @@ class Gateway:
         body = await _read_body(receive, self._timeouts.request_body)
         payload = _parse(body, route)
         model = payload["model"]
-        if not self.control.served(model):
+        hashes = self.control.hashes(model)
+        if hashes is None:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
-        request = _route_request(model, scope, payload, request_id, self.control.hashes(model))
+        request = _route_request(model, scope, payload, request_id, hashes)
         admitted = None
         status = 500
         # watched from before admission: a client that leaves while queued gives its

@@ -156,14 +156,14 @@ class LiveControl:
             else:
                 self._carry_out(now, command)
         model = control.touched if request else None
-        if model is None or model not in self.pools:
-            for name, pool in self.pools.items():
-                self._show(name, pool)
+        pool = None if model is None else self.pools.get(model)
+        if pool is None:
+            for name, each in self.pools.items():
+                self._show(name, each)
             self._arm(now, control.next_wakeup())
         else:
-            pool = self.pools[model]
-            if pool.view is not self._shown.get(model) or pool.autoscaler is not None:
-                self._show(model, pool)
+            if pool.view is not self._shown.get(pool.model) or pool.autoscaler is not None:
+                self._show(pool.model, pool)
             # the other pools' wake-ups did not move, and the timer is at or before them
             self._arm(now, pool.next_wakeup())
         return commands
@@ -259,7 +259,9 @@ class LiveControl:
         stream can be resumed on another replica if it breaks after the first byte.
         ``request.model`` is the served name; a Route's ``model`` names the pool chosen."""
         self.handle(Arrived(request, priority, weight, deadline, resumable), request=True)
-        decision = await self._decision(request.request_id)
+        decision = self._early.pop(request.request_id, None)  # mostly: decided at once
+        if decision is None:
+            decision = await self._decision(request.request_id)
         if self.scaling is not None:  # the hold's outcomes (autoscaled pools)
             pool = decision.model or request.model
             if isinstance(decision, Route):
@@ -311,14 +313,12 @@ class LiveControl:
     def gone(self, model: str, rid: str) -> None:
         self.handle(ClientGone(model, rid), request=True)
 
-    def served(self, name: str) -> bool:
-        """Whether clients may send ``name`` as ``model`` (a served name or alias)."""
-        return name in self.control.served
-
-    def hashes(self, name: str) -> bool:
+    def hashes(self, name: str) -> bool | None:
         """Whether requests to served name ``name`` need prefix hashes (a pool it can
-        reach routes by prefix)."""
-        return self.control.served[name].hashes
+        reach routes by prefix); ``None``: clients may not send ``name`` as ``model`` (not a
+        served name or alias)."""
+        served = self.control.served.get(name)
+        return None if served is None else served.hashes
 
     def refusal(self, model: str, reject: Reject, last: UpstreamError | None) -> GatewayError:
         """The error a Reject answers with (503 with ``Retry-After``); ``model``: the name

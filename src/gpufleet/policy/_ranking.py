@@ -34,7 +34,7 @@ from gpufleet.fleet import (
 _NO_MATCHES: Final[Mapping[ReplicaId, int]] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per request: not frozen (cheaper); never changed
 class Ranking:
     """A routing decision: replicas to try, best first, grouped in tiers.
 
