@@ -151,3 +151,62 @@ def test_a_three_times_slower_canary_is_rolled_back_by_itself() -> None:
             f"{served.count('v2')} on the slow version ({on_bad:.1%}), "
             f"TTFT P99 {ttft['new']:.3f} s vs {ttft['old']:.3f} s (p={ttft['p']})"
         )
+
+
+def test_a_blue_green_switch_under_streaming_load_cuts_no_stream() -> None:
+    """Blue-green: v2 warms (no traffic), takes every new session at once, passes its bake;
+    32 clients stream throughout, and every stream ends with its finish reason."""
+    config = rolling_fleet()
+    data = config.model_dump(mode="json", exclude_none=True)
+    data["served"][0]["rollout"] |= {"strategy": "blue-green", "step_seconds": 3.0}
+    config = parse_fleet(data, source="test")
+    with fleet_of(config, time_scale=1.0) as running:
+        ended: list[tuple[str, str | None]] = []
+        errors = 0
+        stop = asyncio.Event()
+
+        async def client(c: int) -> None:
+            nonlocal errors
+            async with openai.AsyncOpenAI(
+                base_url=running.v1, api_key="none", max_retries=0, timeout=30
+            ) as api:
+                k = 0
+                while not stop.is_set():
+                    k += 1
+                    try:
+                        stream = await api.chat.completions.create(
+                            model="chat",
+                            messages=[{"role": "user", "content": f"q {k} of {c}"}],
+                            max_tokens=32,
+                            user=f"user-{c}-{k}",
+                            stream=True,
+                        )
+                        model, finish = "", None
+                        async for chunk in stream:
+                            model = chunk.model
+                            if chunk.choices and chunk.choices[0].finish_reason:
+                                finish = chunk.choices[0].finish_reason
+                        ended.append((model, finish))
+                    except openai.OpenAIError:
+                        errors += 1
+
+        async def watch() -> None:
+            deadline = time.monotonic() + 60
+            async with httpx.AsyncClient(base_url=running.url) as http:
+                while (await http.get("/admin/rollouts/chat")).json()["phase"] != "promoted":
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)
+            stop.set()
+
+        async def main() -> None:
+            await asyncio.gather(watch(), *(client(c) for c in range(CLIENTS)))
+
+        asyncio.run(main())
+        assert errors == 0
+        assert all(finish is not None for _, finish in ended), "a stream was cut"
+        steps = [d["verdict"] for d in verdicts(running)]
+        assert [v for v in steps if v != "wait"] == ["start", "switch", "promote"], steps
+        models = [m for m, _ in ended]
+        assert {"v1", "v2"} <= set(models)
+        assert models[-CLIENTS:] == ["v2"] * CLIENTS
