@@ -210,6 +210,11 @@ def test_a_restored_rollout_resumes_at_its_step() -> None:
         state["phase"],
         tuple(state["base"].items()),
     )
+    stale = RolloutStart("chat", restore.config, 1, "running", (("v0", 100.0), ("v2", 0.0)))
+    with pytest.raises(ValueError, match="'v0' is not a variant of 'chat'"):
+        fresh.handle(100.0, stale)  # a state the fleet file no longer fits: nothing changes
+    assert fresh.rollouts.watched == {}
+    assert fresh.served["chat"].weights() == {"v1": 100.0, "v2": 0.0}
     (resumed,) = steps(fresh.handle(100.0, restore))
     assert resumed.decision.share == 20.0
     assert fresh.served["chat"].weights() == {"v1": 80.0, "v2": 20.0}

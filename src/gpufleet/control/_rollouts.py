@@ -79,9 +79,10 @@ class Rollouts:
         base = dict(event.base) if event.base is not None else served.weights()
         phase = None if event.phase is None else RolloutPhase(event.phase)
         rollout = Rollout(event.model, event.config, base, now, step=event.step, phase=phase)
+        decision = rollout.begin(now)
+        served.reweigh(decision.weights)  # ValueError (nothing changed): a pool it lacks
         self.by_name[event.model] = rollout
         self._watch(rollout)
-        decision = rollout.begin(now)
         return [self._apply(rollout, decision)]
 
     def act(self, now: float, event: RolloutAct) -> list[Command]:
