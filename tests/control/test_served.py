@@ -392,8 +392,8 @@ def test_events_and_commands_round_trip_through_json() -> None:
 @pytest.mark.parametrize(
     ("served", "message"),
     [
-        ([{"name": "chat", "variants": {"a": 0}}], "weight must be a positive number"),
-        ([{"name": "chat", "variants": {"a": -1}}], "weight must be a positive number"),
+        ([{"name": "chat", "variants": {"a": 0}}], "one variant at least needs a positive weight"),
+        ([{"name": "chat", "variants": {"a": -1}}], "weight must be a number ≥ 0"),
         ([{"name": "chat", "variants": {"zz": 1}}], "variant 'zz' is not a pool"),
         ([{"name": "chat", "variants": ["a"], "fallbacks": ["nope"]}], "'nope' is not a served"),
         ([{"name": "chat", "variants": ["a"], "fallbacks": ["chat"]}], "falls back to itself"),

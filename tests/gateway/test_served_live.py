@@ -42,16 +42,19 @@ def pools_fleet(
 
 @contextmanager
 def fleet_of(
-    config: FleetConfig, faults: dict[str, FaultConfig] | None = None
+    config: FleetConfig,
+    faults: dict[str, FaultConfig] | None = None,
+    *,
+    time_scale: float = FAST,
 ) -> Iterator[Running]:
     """Two sim engines per pool (serving the pool's name, its ``max_model_len``), and the
-    gateway over them."""
+    gateway over them (``time_scale``: modelled seconds per real second)."""
     with ExitStack() as stack:
         upstreams = []
         for model in config.models:
             for i in range(model.replica_count):
                 engine = SimEngineConfig(
-                    time_scale=FAST,
+                    time_scale=time_scale,
                     served_model_name=model.name,
                     max_model_len=model.max_model_len or 4096,
                     seed=i,

@@ -12,6 +12,7 @@ from gpufleet.cli import (
     _keys_cmd,
     _plan_cmd,
     _replay_cmd,
+    _rollout_cmd,
     _simulate_cmd,
     _trace_cmd,
     _up_cmd,
@@ -34,6 +35,7 @@ app.add_typer(_deploy_cmd.app, name="deploy")
 app.add_typer(_keys_cmd.app, name="keys")
 app.command("usage")(_keys_cmd.usage)
 app.add_typer(_trace_cmd.app, name="trace")
+app.add_typer(_rollout_cmd.app, name="rollout")
 
 
 @app.command()

@@ -48,6 +48,7 @@ from gpufleet.policy import (
     AutoscaleConfig,
     HealthConfig,
     PrefixAwareConfig,
+    RolloutConfig,
     RouterConfig,
 )
 
@@ -533,13 +534,13 @@ class VariantConfig(_Strict):
     """A pool: a ``models`` entry's ``name``."""
     weight: float = 1.0
     """Its share is ``weight / Σ weights`` of the name's variants (80 and 20: 80 %, 20 %).
-    Positive here; a rollout may set a weight to 0 at run time."""
+    0: none yet (a version waiting for its rollout); one variant at least is positive."""
 
     @field_validator("weight")
     @classmethod
     def _positive(cls, value: float) -> float:
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{value:g}: a variant's weight must be a positive number")
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{value:g}: a variant's weight must be a number ≥ 0")
         return value
 
 
@@ -555,6 +556,9 @@ class ServedConfig(_Strict):
     """Served names tried next, in order, when the chosen variant cannot answer (5xx and
     timeouts on every attempt, shed, no replica) or the prompt is longer than its context.
     Flat, as LiteLLM's: a fallback's own ``fallbacks`` are not followed."""
+    rollout: RolloutConfig | None = None
+    """A rollout to one of its variants, started with the gateway (or the simulation):
+    steps, analysis, automatic rollback (docs/fleet-file.md, "Rollouts")."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ServedConfig:
@@ -569,6 +573,19 @@ class ServedConfig(_Strict):
         for pool in pools:
             if pools.count(pool) > 1:
                 raise ValueError(f"variants: pool {pool!r} is given twice")
+        if not any(v.weight > 0 for v in self.variants):
+            raise ValueError("variants: one variant at least needs a positive weight")
+        if self.rollout is not None:
+            if self.rollout.to not in pools:
+                raise ValueError(
+                    f"rollout.to: {self.rollout.to!r} is not one of its variants "
+                    f"({', '.join(pools)})"
+                )
+            if not any(v.weight > 0 for v in self.variants if v.pool != self.rollout.to):
+                raise ValueError(
+                    "rollout: no other variant of positive weight to roll from "
+                    f"(give the old version a weight, {self.rollout.to!r} 0)"
+                )
         return self
 
 

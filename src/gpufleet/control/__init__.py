@@ -13,7 +13,8 @@ commands, its vocabulary: a :class:`Standby` the runtime reports, a :class:`Scal
 (its :class:`ScaleDirection`) and the :class:`PoolView` it was made on, an
 :class:`EjectionRecord`, a decision's log line (:func:`decision_record`), the N+1 check on
 a routing view (:func:`redundancy`, :class:`Redundancy`) and the priority classes
-(:data:`CLASSES`).
+(:data:`CLASSES`), and a rollout's settings and decisions (:class:`RolloutConfig`,
+:class:`RolloutDecision` and their enums).
 
 Served names are the controller's too: an ``Arrived`` names what the client sent, and the
 :class:`FleetController` chooses the variant (pool) and the fallbacks (a :class:`Fallback`
@@ -30,12 +31,16 @@ from gpufleet.control._events import (
     Fallback,
     FallbackReason,
     Finished,
+    Latencies,
     Probe,
     ProbeAnswered,
     Reject,
     RejectReason,
     Replicas,
     ReplicaSeen,
+    RolloutAct,
+    RolloutStart,
+    RolloutStep,
     Route,
     Scale,
     Scraped,
@@ -56,15 +61,23 @@ from gpufleet.control._fleet import (
     replay,
 )
 from gpufleet.control._pool import ANONYMOUS, PoolController, PoolCounters
+from gpufleet.control._rollouts import Rollouts
 from gpufleet.control._served import ServedModel
 from gpufleet.control._settings import PoolSettings
 
 # The controller's vocabulary (see above): policy values the shells pass around.
 from gpufleet.policy import (
     CLASSES,
+    AnalysisConfig,
     EjectionRecord,
     PoolView,
     Redundancy,
+    RolloutAction,
+    RolloutConfig,
+    RolloutDecision,
+    RolloutPhase,
+    RolloutStrategy,
+    RolloutVerdict,
     ScaleDecision,
     ScaleDirection,
     Standby,
@@ -75,6 +88,7 @@ from gpufleet.policy import (
 __all__ = [
     "ANONYMOUS",
     "CLASSES",
+    "AnalysisConfig",
     "Arrived",
     "AttemptFailed",
     "ClientGone",
@@ -87,6 +101,7 @@ __all__ = [
     "FallbackReason",
     "Finished",
     "FleetController",
+    "Latencies",
     "PoolController",
     "PoolCounters",
     "PoolSettings",
@@ -100,6 +115,16 @@ __all__ = [
     "RejectReason",
     "ReplicaSeen",
     "Replicas",
+    "RolloutAct",
+    "RolloutAction",
+    "RolloutConfig",
+    "RolloutDecision",
+    "RolloutPhase",
+    "RolloutStart",
+    "RolloutStep",
+    "RolloutStrategy",
+    "RolloutVerdict",
+    "Rollouts",
     "Route",
     "Scale",
     "ScaleDecision",

@@ -12,7 +12,8 @@ be recorded and replayed into a fresh controller, and its decisions compared lin
     shell ──► Replicas · Scraped · ProbeAnswered · Standbys          (what the runtime sees)
               Arrived · AttemptFailed · Finished · ClientGone · Tick  (requests and time)
               Weights                                   (a served name's variant weights)
-    controller ──► Route · Reject · Fallback · Probe · Ejected · Scale  (what the shell does)
+              RolloutStart · RolloutAct · Latencies     (rollouts: docs/design/rollout.md)
+    controller ──► Route · Reject · Fallback · Probe · Ejected · Scale · RolloutStep
 
 A request's events name its *served* name (``Arrived``: what the client sent as ``model``)
 or its pool; the controller knows which pool a request is in (a variant, a fallback), and a
@@ -29,6 +30,9 @@ from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
 from gpufleet.policy import (
     EjectionRecord,
     PoolView,
+    RolloutAction,
+    RolloutConfig,
+    RolloutDecision,
     ScaleDecision,
     Standby,
     decision_record,
@@ -159,6 +163,38 @@ class Weights:
     weights: tuple[tuple[str, float], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class RolloutStart:
+    """Roll served name ``model`` out to ``config.to`` (an operator, or a fleet file's
+    ``rollout`` block). ``step``, ``phase`` and ``base`` restore one a restarted gateway had
+    (its store's state; ``None``: a new one, from the name's weights now)."""
+
+    model: str
+    config: RolloutConfig
+    step: int = 0
+    phase: str | None = None
+    base: tuple[tuple[str, float], ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutAct:
+    """An operator's promote, pause, resume or abort of ``model``'s rollout."""
+
+    model: str
+    action: RolloutAction
+
+
+@dataclass(frozen=True, slots=True)
+class Latencies:
+    """Latencies the shell measured on pool ``model`` since its last report, for the
+    analysis of a rollout that pool is part of: each answered request's time to first token
+    and, where known, its mean inter-token latency (seconds)."""
+
+    model: str
+    ttft: tuple[float, ...]
+    itl: tuple[float, ...] = ()
+
+
 Event = (
     Replicas
     | Scraped
@@ -170,6 +206,9 @@ Event = (
     | ClientGone
     | Tick
     | Weights
+    | RolloutStart
+    | RolloutAct
+    | Latencies
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -273,12 +312,22 @@ class Scale:
     view: PoolView
 
 
-Command = Route | Reject | Fallback | Probe | Ejected | Scale
+@dataclass(frozen=True, slots=True)
+class RolloutStep:
+    """A rollout started, stepped, held, or ended (its weights are in force already): the
+    shell logs it (one JSON line), counts it, audits it and persists ``state`` (what a
+    restarted gateway resumes from: ``Rollout.snapshot``)."""
+
+    decision: RolloutDecision
+    state: dict[str, Any]
+
+
+Command = Route | Reject | Fallback | Probe | Ejected | Scale | RolloutStep
 
 # -- JSON -------------------------------------------------------------------------------------
 
 
-def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
+def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - one match
     """The event as a JSON-ready dict (``kind`` names its class)."""
     match event:
         case Replicas(model=model, replicas=replicas):
@@ -334,6 +383,19 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
             return {"kind": "tick"}
         case Weights(model=model, weights=weights):
             return {"kind": "weights", "model": model, "weights": [list(w) for w in weights]}
+        case RolloutStart(model=model, config=config, step=step, phase=phase, base=base):
+            line = {
+                "kind": "rollout_start",
+                "model": model,
+                "config": config.model_dump(mode="json"),
+            }
+            if step or phase is not None or base is not None:  # a restored one
+                line |= {"step": step, "phase": phase, "base": base and [list(b) for b in base]}
+            return line
+        case RolloutAct(model=model, action=action):
+            return {"kind": "rollout_act", "model": model, "action": action.value}
+        case Latencies(model=model, ttft=ttft, itl=itl):
+            return {"kind": "latencies", "model": model, "ttft": list(ttft), "itl": list(itl)}
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -362,6 +424,17 @@ def _arrived(d: dict[str, Any]) -> Arrived:
         float(d["weight"]),
         None if deadline is None else deadline,
         bool(d.get("resumable", False)),
+    )
+
+
+def _rollout_start(d: dict[str, Any]) -> RolloutStart:
+    base = d.get("base")
+    return RolloutStart(
+        str(d["model"]),
+        RolloutConfig.model_validate(d["config"]),
+        int(d.get("step", 0)),
+        d.get("phase"),
+        None if base is None else tuple((str(p), float(w)) for p, w in base),
     )
 
 
@@ -394,10 +467,15 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
     "weights": lambda d: Weights(
         str(d["model"]), tuple((str(p), float(w)) for p, w in d["weights"])
     ),
+    "rollout_start": _rollout_start,
+    "rollout_act": lambda d: RolloutAct(str(d["model"]), RolloutAction(d["action"])),
+    "latencies": lambda d: Latencies(
+        str(d["model"]), tuple(map(float, d["ttft"])), tuple(map(float, d["itl"]))
+    ),
 }
 
 
-def command_to_json(command: Command) -> dict[str, Any]:
+def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911 - one match
     """The command as a JSON-ready dict: the decision log's line."""
     match command:
         case Route(request_id=rid, replica=replica, retry=retry, resume=resume, model=model):
@@ -436,4 +514,6 @@ def command_to_json(command: Command) -> dict[str, Any]:
             }
         case Scale(decision=decision, view=view):
             return {"do": "scale", **decision_record(decision, view)}
+        case RolloutStep(decision=decision):
+            return {"do": "rollout", **decision.to_json()}
     raise TypeError(f"not a command: {command!r}")

@@ -37,8 +37,11 @@ from gpufleet.control._events import (
     Fallback,
     FallbackReason,
     Finished,
+    Latencies,
     Reject,
     RejectReason,
+    RolloutAct,
+    RolloutStart,
     Route,
     Tick,
     Weights,
@@ -47,6 +50,7 @@ from gpufleet.control._events import (
     event_to_json,
 )
 from gpufleet.control._pool import PoolController
+from gpufleet.control._rollouts import Rollouts
 from gpufleet.control._served import (
     Flight,
     ServedModel,
@@ -113,6 +117,7 @@ class QueueReport:
 
 
 _REQUEST_EVENTS: Final = (AttemptFailed, Finished, ClientGone)
+_ROLLOUT_EVENTS: Final = (Latencies, RolloutStart, RolloutAct)
 
 
 class FleetController:
@@ -126,6 +131,7 @@ class FleetController:
         "fleet",
         "log",
         "pools",
+        "rollouts",
         "seed",
         "served",
         "touched",
@@ -148,6 +154,8 @@ class FleetController:
         self._contexts = {name: s.context for name, s in settings.items()}
         self._flights: dict[str, Flight] = {}
         """The requests of names that are not plain, by id, until they end."""
+        self.rollouts = Rollouts(self.served)
+        """The served names' rollouts (``control/_rollouts.py``)."""
 
     @classmethod
     def of(
@@ -211,6 +219,12 @@ class FleetController:
                 wake = due.next_wakeup()
                 if wake is not None and now >= wake:
                     commands += due.handle(now, event)
+            wake = self.rollouts.next_wakeup()
+            if wake is not None and now >= wake:
+                commands += self.rollouts.due(now, self._ready())
+        elif isinstance(event, _ROLLOUT_EVENTS):
+            self.touched = None
+            commands = self._rollout(now, event)
         elif isinstance(event, Weights):
             self.touched = None
             self._reweigh(event)
@@ -257,6 +271,8 @@ class FleetController:
         self.touched = event.model
         pool = self.pools.get(event.model)
         commands = [] if pool is None else pool.handle(now, event)
+        if self.rollouts.watched and not isinstance(event, ClientGone):
+            self.rollouts.outcome(event)
         if flight is not None and not isinstance(event, AttemptFailed):
             del self._flights[event.request_id]  # it ended (answered, or its client left)
         return event, commands
@@ -313,6 +329,15 @@ class FleetController:
                 out.append(command)
         return out
 
+    def _rollout(self, now: float, event: Latencies | RolloutStart | RolloutAct) -> list[Command]:
+        rollouts = self.rollouts
+        if isinstance(event, Latencies):
+            rollouts.latencies(event)
+            return []
+        if isinstance(event, RolloutStart):
+            return rollouts.start(now, event, self._ready())
+        return rollouts.act(now, event)
+
     def _reweigh(self, event: Weights) -> None:
         served = self.served.get(event.model)
         if served is None:
@@ -320,12 +345,26 @@ class FleetController:
         served.reweigh(event.weights)
 
     def next_wakeup(self) -> float | None:
-        due = None
+        due = self.rollouts.next_wakeup()
         for pool in self.pools.values():
             t = pool.next_wakeup()
             if t is not None and (due is None or t < due):
                 due = t
         return due
+
+    def _ready(self) -> dict[str, int]:
+        """Routable replicas per pool (a blue-green rollout switches on them)."""
+        return {name: len(pool.routable()) for name, pool in self.pools.items()}
+
+    def fleet_rollouts(self) -> list[RolloutStart]:
+        """The fleet file's ``rollout`` blocks as the events that start them: a shell hands
+        them to :meth:`handle` when it starts (the gateway: unless its store has the name's
+        rollout from before a restart)."""
+        return [
+            RolloutStart(entry.name, entry.rollout)
+            for entry in self.fleet.served
+            if entry.rollout is not None
+        ]
 
     def queues(self) -> dict[str, QueueReport]:
         """Each pool's admission queue, read-only; a pool without admission reads as an

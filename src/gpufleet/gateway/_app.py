@@ -59,6 +59,7 @@ from gpufleet.gateway._http11 import Http11ReplicaClient
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import ReplicaSource, Upstream
 from gpufleet.gateway._resume import StreamResume, ask_for_token_ids, resumable
+from gpufleet.gateway._rollouts import RolloutShell
 from gpufleet.gateway._routes import ROUTES, ProxyRoute
 from gpufleet.gateway._server import MAX_BODY
 from gpufleet.gateway._tenancy import BATCH_LINE, OPEN_PATHS, Admitted, Tenancy, metered
@@ -128,6 +129,8 @@ class Gateway:
         if record is not None:
             self.control.record(record)
         store = store or (None if tenancy is None else tenancy.store)
+        self.rollouts = RolloutShell(self.control, registry, store, audit=_auditor(tenancy, store))
+        """Rollouts' decisions carried out: log, metrics, audit, the store's state."""
         self.batches = None
         """``/v1/files``, ``/v1/batches`` and their runner (docs/batch.md): on with a store."""
         if store is not None and config.gateway.batch.enabled:
@@ -274,6 +277,7 @@ class Gateway:
                 async with asyncio.TaskGroup() as tg:
                     # probes run in the group; the replica list arrives once it can hold them
                     self.control.start(tg, self._client)
+                    self.rollouts.begin()  # restored from the store, or the fleet file's
                     stack.callback(self._source.subscribe(self.control.set_replicas))
                     loops = []
                     if self.tenancy is not None:
@@ -557,7 +561,9 @@ class Gateway:
                     if admitted is not None:  # usage read on the way, ledgered before the end
                         chunks = metered(admitted, chunks, self._clock)
                     first = await anext(chunks, b"")
-                    self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
+                    self.metrics.child(self.metrics.ttft, model).observe(
+                        ttft := self._clock() - arrived
+                    )
                     response.headers.append(rid)
                     headers = response.headers
                     await send(
@@ -576,10 +582,11 @@ class Gateway:
                         tail[0] = b"\n"  # unknown: a blank line first (harmless after an event)
                         relay = response.relay if state is None else state.tap(response.relay)
                         await send({"type": _RELAY, "relay": relay, "idle": idle})
-                        await send({"type": "http.response.body", "body": b""})
-                        return status, outcome, False
-                    await _pump(chunks, send, deadline, idle, record, tail)
+                    else:
+                        await _pump(chunks, send, deadline, idle, record, tail)
                     await send({"type": "http.response.body", "body": b""})
+                    if model in self.control.sampled:  # a rollout's analysis reads it
+                        self._sample(model, arrived, ttft, admitted)
                     return status, outcome, False
         except TimeoutError:
             if not sent:
@@ -595,6 +602,16 @@ class Gateway:
             message = f"the replica's stream broke: {failure}"
             await self._broke(send, state, tail[0], message, broken)
             return 502, failure.outcome, True
+
+    def _sample(self, pool: str, arrived: float, ttft: float, admitted: Admitted | None) -> None:
+        """A streamed answer on a pool a rollout watches: its TTFT, and its mean inter-token
+        latency when its output tokens were metered (auth on)."""
+        itl = None
+        if admitted is not None:
+            usage = admitted.meter.usage
+            if usage.known and usage.completion_tokens > 1:
+                itl = (self._clock() - arrived - ttft) / (usage.completion_tokens - 1)
+        self.control.sample(pool, ttft, itl)
 
     async def _resume(
         self,
@@ -670,7 +687,10 @@ class Gateway:
         admitted: Admitted | None = None,
     ) -> None:
         whole = b"".join([c async for c in response.chunks])
-        self.metrics.child(self.metrics.ttft, model).observe(self._clock() - arrived)
+        ttft = self._clock() - arrived
+        self.metrics.child(self.metrics.ttft, model).observe(ttft)
+        if model in self.control.sampled:  # a rollout's analysis reads it
+            self.control.sample(model, ttft)
         if admitted is not None:  # ledgered before the client can see the end
             admitted.first_at = self._clock()
             admitted.status = response.status
@@ -911,6 +931,17 @@ def _route_request(
         session_key=session if isinstance(session, str) else None,
         max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
     )
+
+
+def _auditor(
+    tenancy: Tenancy | None, store: Store | None
+) -> Callable[[dict[str, Any]], None] | None:
+    """Where the controller's own audit rows go: the tenancy's journal, else the store."""
+    if tenancy is not None:
+        return lambda row: tenancy.journal.append("audit", row)
+    if store is not None:
+        return lambda row: store.write([("audit", row)])
+    return None
 
 
 def _work(admitted: Admitted | None) -> tuple[int, int] | None:

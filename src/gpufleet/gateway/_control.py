@@ -11,7 +11,8 @@ turns what happens on the event loop into their events and does what they answer
                                    ▼
     Route / Reject ──► the waiting request     Probe  ──► a probe task
     Ejected        ──► metrics                 Scale  ──► the actuator (ScaleExecutor)
-    Fallback       ──► metrics
+    Fallback       ──► metrics                 RolloutStep ──► on_rollout (_rollouts.py)
+    a request's latencies on a pool a rollout watches ──► Latencies, before each Tick
 
 A request's own decision usually comes back from its own event (it starts, or is refused,
 at once); one that waits in the admission queue or the hold (or, after a fallback, in the
@@ -40,6 +41,7 @@ from gpufleet.control import (
     Fallback,
     Finished,
     FleetController,
+    Latencies,
     PoolController,
     Probe,
     ProbeAnswered,
@@ -47,6 +49,7 @@ from gpufleet.control import (
     RejectReason,
     Replicas,
     ReplicaSeen,
+    RolloutStep,
     Route,
     Scale,
     Scraped,
@@ -115,6 +118,11 @@ class LiveControl:
         self._client: ReplicaClient | None = None
         self._record: IO[str] | None = None
         self._flushed = 0.0
+        self.on_rollout: Callable[[float, RolloutStep], None] | None = None
+        """Where RolloutStep commands go (``_rollouts.RolloutShell``)."""
+        self.sampled: frozenset[str] = frozenset()
+        """The pools a rollout watches: their requests' latencies are sampled."""
+        self._samples: dict[str, tuple[list[float], list[float]]] = {}
 
     # -- life -----------------------------------------------------------------------------
 
@@ -185,6 +193,10 @@ class LiveControl:
         elif isinstance(command, Fallback):
             metrics = self.metrics
             metrics.child(metrics.fallbacks, command.model, command.to, command.reason).inc()
+        elif isinstance(command, RolloutStep):
+            self.sampled = frozenset(self.control.rollouts.watched)
+            if self.on_rollout is not None:
+                self.on_rollout(now, command)
 
     def _show(self, model: str, pool: PoolController) -> None:
         """Show the pool's view (and its held requests) where they changed."""
@@ -219,6 +231,7 @@ class LiveControl:
         try:
             if self.scaling is not None:
                 self._report_standbys()
+            self._report_samples()
             self.handle(Tick())
             self._flush_record()
         except Exception:  # a controller bug must not stop the clock
@@ -234,6 +247,20 @@ class LiveControl:
             if now - self._flushed >= _FLUSH_EVERY:
                 self._flushed = now
                 self._record.flush()
+
+    def sample(self, pool: str, ttft: float, itl: float | None = None) -> None:
+        """A request on ``pool`` (one of :attr:`sampled`) was answered: its time to first
+        byte and, if known, its mean inter-token latency; told to the controller in one
+        ``Latencies`` per pool before the next Tick."""
+        ttfts, itls = self._samples.setdefault(pool, ([], []))
+        ttfts.append(ttft)
+        if itl is not None:
+            itls.append(itl)
+
+    def _report_samples(self) -> None:
+        samples, self._samples = self._samples, {}
+        for pool, (ttft, itl) in samples.items():
+            self.handle(Latencies(pool, tuple(ttft), tuple(itl)))
 
     def _report_standbys(self) -> None:
         assert self.scaling is not None

@@ -15,6 +15,10 @@ the gateway and the fleet simulator, which reach them only through it (``.import
 * Admission: :class:`PoolAdmission` and its :class:`FairQueue` (strict priority classes,
   weighted fair share on a virtual token counter) (docs/tenants.md). A tenant's quota (rpm,
   tpm, concurrency) is the gateway's, checked before a request reaches the controller.
+* Rollouts: :class:`Rollout` steps a served name to a new variant (canary or blue-green),
+  each step ending in an :func:`analyse` of new against old on the same window (TTFT and ITL
+  P99 by Mann-Whitney U, the 5xx/timeout rate by a two-proportion test): promote, hold or
+  roll back (docs/design/rollout.md).
 * Variants: :func:`choose_variant` picks a served model's variant (pool) for a request's
   key, weighted and sticky (docs/fleet-file.md, "Served names, variants and fallbacks").
 """
@@ -79,6 +83,22 @@ from gpufleet.policy._ranking import (
 from gpufleet.policy._redundancy import Redundancy, redundancy
 from gpufleet.policy._registry import make_router
 from gpufleet.policy._retry import retry_allowed
+from gpufleet.policy._rollout import (
+    ACTIVE_ROLLOUT,
+    TERMINAL_ROLLOUT,
+    CheckResult,
+    Rollout,
+    RolloutAction,
+    RolloutAnalysis,
+    RolloutCheck,
+    RolloutDecision,
+    RolloutPhase,
+    RolloutVerdict,
+    RolloutWindow,
+    analyse,
+)
+from gpufleet.policy._rollout_config import AnalysisConfig, RolloutConfig, RolloutStrategy
+from gpufleet.policy._rollout_stats import mann_whitney_greater, p99, two_proportion_greater
 from gpufleet.policy._routers import (
     KVAwareRouter,
     LeastRequestRouter,
@@ -89,16 +109,20 @@ from gpufleet.policy._session import SessionRouter
 from gpufleet.policy._variants import choose_variant, variant_point
 
 __all__ = [
+    "ACTIVE_ROLLOUT",
     "CLASSES",
     "ROUTER_POLICIES",
+    "TERMINAL_ROLLOUT",
     "ActiveCheckConfig",
     "AdmissionConfig",
+    "AnalysisConfig",
     "AutoscaleConfig",
     "AutoscalePolicy",
     "BreakerPhase",
     "BreakerState",
     "CandidateFilter",
     "Candidates",
+    "CheckResult",
     "DemandForecaster",
     "EjectionCause",
     "EjectionRecord",
@@ -124,6 +148,16 @@ __all__ = [
     "Ranking",
     "Redundancy",
     "ReplicaHealth",
+    "Rollout",
+    "RolloutAction",
+    "RolloutAnalysis",
+    "RolloutCheck",
+    "RolloutConfig",
+    "RolloutDecision",
+    "RolloutPhase",
+    "RolloutStrategy",
+    "RolloutVerdict",
+    "RolloutWindow",
     "RoundRobinConfig",
     "RoundRobinRouter",
     "RoutableFilter",
@@ -139,6 +173,7 @@ __all__ = [
     "SessionRouter",
     "Standby",
     "Ticket",
+    "analyse",
     "choose_drain",
     "choose_variant",
     "decision_record",
@@ -146,6 +181,8 @@ __all__ = [
     "in_panic",
     "kv_scores",
     "make_router",
+    "mann_whitney_greater",
+    "p99",
     "parse_router_config",
     "pool_saturated",
     "pool_utilisation",
@@ -154,5 +191,6 @@ __all__ = [
     "retry_allowed",
     "saturation",
     "select_candidates",
+    "two_proportion_greater",
     "variant_point",
 ]

@@ -17,6 +17,9 @@ turns the simulated world into its events and does what it says::
               the prompt plus the tokens generated so far (FleetHarness.submit_resume)
     Reject ─► an error row (the gateway's 503, or a stream cut mid-way)
     Fallback ─► nothing (the controller counts them; its next Route or Reject follows)
+    RolloutStep ─► rollout_log (the report's ``rollouts``, rollout.png)
+    a request ends on a pool a rollout watches ─► Latencies(its TTFT, its mean ITL)
+    (the fleet file's rollout blocks start when the run does: RolloutStart at t = 0)
     Probe  ─► answered at once: ok unless the replica is down
     Scale  ─► the modelled runtime (``gpufleet.sim._autoscale``)
 
@@ -47,11 +50,14 @@ from gpufleet.control import (
     Fallback,
     Finished,
     FleetController,
+    Latencies,
     Probe,
     ProbeAnswered,
     Reject,
     Replicas,
     ReplicaSeen,
+    RolloutDecision,
+    RolloutStep,
     Route,
     Scale,
     Scraped,
@@ -211,6 +217,8 @@ class SimControl:
         """The modelled runtime's actuator (``Autoscaling.act``)."""
         self.on_wake: Callable[[float], None] | None = None
         """Called before each Tick (the modelled runtime retires drained replicas)."""
+        self.rollout_log: list[RolloutDecision] = []
+        """Every rollout step and verdict, in order."""
         self._harness: FleetHarness | None = None
         self._pending: dict[int, _Pending] = {}
         self._wake_at: float | None = None
@@ -346,6 +354,8 @@ class SimControl:
             harness.every(self.scrape_interval, self.scrape)
         for model in self.control.pools:
             self._report(now, self.replicas.seen(model))
+        for start in self.control.fleet_rollouts():
+            self._report(now, start)
 
     def scrape(self, now: float) -> None:
         """One scrape round: every scraped replica's metrics as of ``now`` (one that is
@@ -415,6 +425,8 @@ class SimControl:
                 case Scale():
                     if self.on_scale is not None:
                         self.on_scale(now, command)
+                case RolloutStep(decision=decision):
+                    self.rollout_log.append(decision)
         return events
 
     def _rewake(self, now: float) -> None:
@@ -514,13 +526,21 @@ class SimControl:
         work = None
         harness = self._harness
         log = None if harness is None else harness.recorder.log
+        row = None
         if not rejected and log is not None and len(log):
             row = log[len(log) - 1]  # the driver appends a request's row, then tells on_end
             if row.index == index:
                 work = (row.input_tokens - row.cached_tokens, row.output_tokens)
+            else:
+                row = None
         outcome = Outcome.CLIENT_ERROR if rejected else Outcome.SUCCESS
         self._local = True
         try:
+            if row is not None and entry.model in self.control.rollouts.watched:
+                ttft, tpot = row.ttft_s, row.tpot_s
+                if ttft is not None:  # what the gateway measures, told as it tells it
+                    itl = () if tpot is None else (tpot,)
+                    self._tell(now, Latencies(entry.model, (ttft,), itl))
             self._tell(now, Finished(entry.model, str(index), outcome, work))
         finally:
             self._local = False

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 PLOTS = ("latency_cdf.png", "load.png", "kv_heatmap.png", "replicas.png")
+"""Always drawn; a run with a rollout adds ``rollout.png`` (one per served name if several)."""
 _METADATA: dict[str, str | None] = {"Software": None}
 
 
@@ -30,6 +31,10 @@ def write_plots(
     _load(plt, paths[1], report["timeline"])
     _kv_heatmap(plt, paths[2], report["timeline"])
     _replicas(plt, paths[3], report["timeline"])
+    for name, rollout in (report.get("rollouts") or {}).items():
+        path = out / ("rollout.png" if len(report["rollouts"]) == 1 else f"rollout-{name}.png")
+        _rollout(plt, path, name, rollout)
+        paths.append(path)
     return paths
 
 
@@ -86,6 +91,45 @@ def _load(plt: Any, path: Path, timeline: Mapping[str, Any]) -> None:
     )
     bottom.set_xlabel("simulated seconds")
     bottom.set_title("Replicas and utilisation")
+    fig.savefig(path, dpi=110, metadata=_METADATA)
+    plt.close(fig)
+
+
+def _rollout(plt: Any, path: Path, name: str, rollout: Mapping[str, Any]) -> None:
+    """Each variant's weight (a step at each decision) over its TTFT P99 per half step, the
+    decisions marked with their verdicts."""
+    decisions = rollout["decisions"]
+    series = rollout["series"]
+    pools = list(series["ttft_p99"])
+    end = max(series["t"][-1] if series["t"] else 0.0, decisions[-1]["at"]) * 1.05 + 1
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True, layout="constrained")
+    for i, pool in enumerate(pools):
+        times = [d["at"] for d in decisions] + [end]
+        weights = [d["weights"][pool] for d in decisions]
+        weights.append(weights[-1])
+        top.step(times, weights, where="post", label=pool, color=f"C{i}", linewidth=1.6)
+        bottom.plot(
+            series["t"],
+            series["ttft_p99"][pool],
+            "o-",
+            label=pool,
+            color=f"C{i}",
+            markersize=3,
+            linewidth=1.0,
+        )
+    for d in decisions:
+        for ax in (top, bottom):
+            ax.axvline(d["at"], color="0.75", linewidth=0.7, zorder=0)
+        top.annotate(
+            d["verdict"], (d["at"], 102), fontsize="x-small", rotation=90, va="bottom", ha="right"
+        )
+    top.set_ylabel("weight (%)")
+    top.set_ylim(0, 125)
+    top.legend(loc="center right", fontsize="small")
+    top.set_title(f"{name}: {rollout['strategy']} to {rollout['to']} ({rollout['phase']})")
+    bottom.set_ylabel("TTFT P99 (s)")
+    bottom.set_xlabel("simulated seconds")
+    bottom.legend(loc="upper right", fontsize="small")
     fig.savefig(path, dpi=110, metadata=_METADATA)
     plt.close(fig)
 

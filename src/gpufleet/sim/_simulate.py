@@ -525,6 +525,7 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
         },
         "faults": _faults_report(sim),
         **_served_report(sim),
+        **_rollouts_report(sim),
         **({} if sim.tenants is None else {"tenants": _tenants_report(sim)}),
         "digest": recorder.digest(),
     }
@@ -561,6 +562,57 @@ def _served_report(sim: FleetSimulation) -> dict[str, Any]:
         for (source, to, reason), n in sorted(control.fallbacks.items())
     ]
     return {"served": served, "fallbacks": fallbacks}
+
+
+def _rollouts_report(sim: FleetSimulation) -> dict[str, Any]:
+    """Each rollout's decisions (steps, verdicts, their checks) and, per variant, the
+    requests it served and its TTFT P99 over time (bins of half a step), what rollout.png
+    draws. Nothing for a run without rollouts."""
+    log = sim.routing.rollout_log
+    if not log:
+        return {}
+    models = sim.replica_models
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(d.model for d in log):
+        decisions = [d for d in log if d.model == name]
+        pools = [pool for pool, _ in decisions[0].weights]
+        config = sim.control.rollouts.by_name[name].config
+        width = config.step_seconds / 2
+        bins: dict[str, dict[int, list[float]]] = {p: {} for p in pools}
+        served = dict.fromkeys(pools, 0)
+        for record in sim.harness.recorder.log:
+            pool = models[record.replica]
+            if pool not in bins or record.failed or record.ttft_s is None:
+                continue
+            served[pool] += 1
+            bins[pool].setdefault(int(record.arrival_s // width), []).append(record.ttft_s)
+        last = max((max(b, default=0) for b in bins.values()), default=0)
+        total = sum(served.values())
+        out[name] = {
+            "to": decisions[0].to,
+            "strategy": decisions[0].strategy.value,
+            "phase": sim.control.rollouts.by_name[name].phase.value,
+            "decisions": [d.to_json() for d in decisions],
+            "requests": served,
+            "share": {p: _r(n / total, 4) if total else None for p, n in served.items()},
+            "series": {
+                "t": [_r(i * width) for i in range(last + 1)],
+                "ttft_p99": {
+                    p: [_r(_p99(b.get(i, []))) for i in range(last + 1)] for p, b in bins.items()
+                },
+                "requests": {
+                    p: [len(b.get(i, [])) for i in range(last + 1)] for p, b in bins.items()
+                },
+            },
+        }
+    return {"rollouts": out}
+
+
+def _p99(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(0.99 * len(ordered)) - 1, 0)]
 
 
 def _tenants_report(sim: FleetSimulation) -> dict[str, Any]:

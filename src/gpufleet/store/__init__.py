@@ -25,6 +25,7 @@ from gpufleet.store._files import (
 from gpufleet.store._journal import Journal, read_records, recover
 from gpufleet.store._keys import PREFIX as KEY_PREFIX
 from gpufleet.store._keys import secret_matches, split_key
+from gpufleet.store._rollouts import RolloutStates
 from gpufleet.store._store import (
     HOME_ENV,
     PRIORITIES,
@@ -71,6 +72,7 @@ __all__ = [
     "LineResult",
     "Priority",
     "Role",
+    "RolloutStates",
     "Snapshot",
     "Store",
     "StoreError",

@@ -12,6 +12,7 @@
     file_chunks  file_id · seq · data (≤ 1 MiB each, in order)
     batches      id · owner · endpoint · input_file_id · status · one time per status ·
                  output/error file ids · errors (JSON) · meta (JSON)
+    rollouts     model · state (JSON: a rollout's step, phase, settings) · updated_at
     batch_lines  batch_id · line · custom_id · request_id · body (JSON) · state · worker ·
                  lease_until · attempts · result (status code, response JSON, or error)
 
@@ -179,6 +180,14 @@ batch_lines = Table(
     Column("done_at", Float, nullable=True),
     UniqueConstraint("batch_id", "custom_id"),
     Index("batch_lines_state", "batch_id", "state", "line"),
+)
+
+rollouts = Table(
+    "rollouts",
+    metadata,
+    Column("model", String(256), primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )
 
 JOURNALED = {"usage": usage, "audit": audit}

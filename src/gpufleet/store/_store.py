@@ -9,6 +9,7 @@ batches and batch lines, in one database.
     journal = store.journal()            # the gateway's durable, batched ledger writer
     store.files, store.batches, store.batch_lines   # the Batch API (docs/batch.md)
     store.admins                         # admin credentials with roles (docs/console.md)
+    store.rollouts                       # rollouts' state across gateway restarts
 
 SQLite (the default) runs in WAL mode: readers (``gpufleet keys list``, ``gpufleet usage``)
 never block the gateway's writer. PostgreSQL is used when the URL says so
@@ -37,6 +38,7 @@ from gpufleet.store._errors import StoreError
 from gpufleet.store._files import Files
 from gpufleet.store._journal import Journal, Record
 from gpufleet.store._keys import new_key
+from gpufleet.store._rollouts import RolloutStates
 
 HOME_ENV: Final = "GPUFLEET_HOME"
 URL_ENV: Final = "GPUFLEET_DB_URL"
@@ -132,6 +134,7 @@ class Store:
         self.files = Files(engine)
         self.batch_lines = BatchLines(engine)
         self.batches = Batches(engine, self.files, self.batch_lines)
+        self.rollouts = RolloutStates(engine)
 
     @classmethod
     def open(cls, url: str | None = None) -> Store:
