@@ -15,6 +15,9 @@ the gateway and the fleet simulator, which reach them only through it (``.import
 * Admission: :class:`PoolAdmission` and its :class:`FairQueue` (strict priority classes,
   weighted fair share on a virtual token counter) (docs/tenants.md). A tenant's quota (rpm,
   tpm, concurrency) is the gateway's, checked before a request reaches the controller.
+* Residency: :class:`ResidencyPolicy` sleeps idle ``on_demand`` replicas, wakes one for a
+  pool with held requests and evicts the least valuable resident of a shared GPU slot
+  (docs/residency.md).
 * Variants: :func:`choose_variant` picks a served model's variant (pool) for a request's
   key, weighted and sticky (docs/fleet-file.md, "Served names, variants and fallbacks").
 """
@@ -78,6 +81,26 @@ from gpufleet.policy._ranking import (
 )
 from gpufleet.policy._redundancy import Redundancy, redundancy
 from gpufleet.policy._registry import make_router
+from gpufleet.policy._residency import (
+    ASLEEP,
+    AWAKE,
+    DEMAND_HALF_LIFE,
+    HOLDS_MEMORY,
+    DemandMeter,
+    PoolDemand,
+    Residency,
+    ResidencyConfig,
+    ResidencyDecision,
+    ResidencyMode,
+    ResidencyPolicy,
+    ResidencyView,
+    Resident,
+    SleepReason,
+    asleep_at,
+)
+from gpufleet.policy._residency import (
+    value as residency_value,
+)
 from gpufleet.policy._retry import retry_allowed
 from gpufleet.policy._routers import (
     KVAwareRouter,
@@ -89,7 +112,11 @@ from gpufleet.policy._session import SessionRouter
 from gpufleet.policy._variants import choose_variant, variant_point
 
 __all__ = [
+    "ASLEEP",
+    "AWAKE",
     "CLASSES",
+    "DEMAND_HALF_LIFE",
+    "HOLDS_MEMORY",
     "ROUTER_POLICIES",
     "ActiveCheckConfig",
     "AdmissionConfig",
@@ -100,6 +127,7 @@ __all__ = [
     "CandidateFilter",
     "Candidates",
     "DemandForecaster",
+    "DemandMeter",
     "EjectionCause",
     "EjectionRecord",
     "FairQueue",
@@ -114,6 +142,7 @@ __all__ = [
     "LeastRequestRouter",
     "OutlierConfig",
     "PoolAdmission",
+    "PoolDemand",
     "PoolGauge",
     "PoolView",
     "PrefixAwareConfig",
@@ -124,6 +153,13 @@ __all__ = [
     "Ranking",
     "Redundancy",
     "ReplicaHealth",
+    "Residency",
+    "ResidencyConfig",
+    "ResidencyDecision",
+    "ResidencyMode",
+    "ResidencyPolicy",
+    "ResidencyView",
+    "Resident",
     "RoundRobinConfig",
     "RoundRobinRouter",
     "RoutableFilter",
@@ -137,8 +173,10 @@ __all__ = [
     "ScaleProposal",
     "SessionConfig",
     "SessionRouter",
+    "SleepReason",
     "Standby",
     "Ticket",
+    "asleep_at",
     "choose_drain",
     "choose_variant",
     "decision_record",
@@ -151,6 +189,7 @@ __all__ = [
     "pool_utilisation",
     "redundancy",
     "redundancy_floor",
+    "residency_value",
     "retry_allowed",
     "saturation",
     "select_candidates",
