@@ -19,11 +19,14 @@ DEFAULT_MEMORY = 0.9
 class _Model(Protocol):
     """What the check reads of a ``ModelConfig`` (no import cycle with ``_fleet``)."""
 
-    name: str
-    gpu: str
-    tp: int
-    residency: ResidencyConfig
-
+    @property
+    def name(self) -> str: ...
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def residency(self) -> ResidencyConfig: ...
     @property
     def replica_count(self) -> int: ...
 
