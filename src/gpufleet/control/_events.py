@@ -8,7 +8,9 @@ be recorded and replayed into a fresh controller, and its decisions compared lin
     shell ──► Replicas · Scraped · ProbeAnswered · Standbys          (what the runtime sees)
               Arrived · AttemptFailed · Finished · ClientGone · Tick  (requests and time)
               Weights                                   (a served name's variant weights)
+              Resident                        (an engine fell asleep or woke: residency)
     controller ──► Route · Reject · Fallback · Probe · Ejected · Scale  (what the shell does)
+                   Sleep · Wake                           (residency: _residency_events.py)
 
 A request's events name its *served* name (``Arrived``: what the client sent as ``model``)
 or its pool; the controller knows which pool a request is in (a variant, a fallback), and a
@@ -21,6 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gpufleet.control._residency_events import (
+    Resident,
+    Sleep,
+    Wake,
+    resident_from_json,
+    resident_to_json,
+    sleep_to_json,
+    wake_to_json,
+)
 from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
 from gpufleet.policy import (
     EjectionRecord,
@@ -166,6 +177,7 @@ Event = (
     | ClientGone
     | Tick
     | Weights
+    | Resident
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -269,12 +281,12 @@ class Scale:
     view: PoolView
 
 
-Command = Route | Reject | Fallback | Probe | Ejected | Scale
+Command = Route | Reject | Fallback | Probe | Ejected | Scale | Sleep | Wake
 
 # -- JSON -------------------------------------------------------------------------------------
 
 
-def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
+def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - one match
     """The event as a JSON-ready dict (``kind`` names its class)."""
     match event:
         case Replicas(model=model, replicas=replicas):
@@ -330,6 +342,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
             return {"kind": "tick"}
         case Weights(model=model, weights=weights):
             return {"kind": "weights", "model": model, "weights": [list(w) for w in weights]}
+        case Resident():
+            return resident_to_json(event)
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -387,13 +401,14 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
     "finished": _finished,
     "gone": lambda d: ClientGone(d["model"], d["id"]),
     "tick": lambda d: Tick(),
+    "resident": resident_from_json,
     "weights": lambda d: Weights(
         str(d["model"]), tuple((str(p), float(w)) for p, w in d["weights"])
     ),
 }
 
 
-def command_to_json(command: Command) -> dict[str, Any]:
+def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911 - one match
     """The command as a JSON-ready dict: the decision log's line."""
     match command:
         case Route(request_id=rid, replica=replica, retry=retry, resume=resume, model=model):
@@ -432,4 +447,8 @@ def command_to_json(command: Command) -> dict[str, Any]:
             }
         case Scale(decision=decision, view=view):
             return {"do": "scale", **decision_record(decision, view)}
+        case Sleep():
+            return sleep_to_json(command)
+        case Wake():
+            return wake_to_json(command)
     raise TypeError(f"not a command: {command!r}")

@@ -47,6 +47,8 @@ from gpufleet.control._events import (
     event_to_json,
 )
 from gpufleet.control._pool import PoolController
+from gpufleet.control._residency import ResidencyControl
+from gpufleet.control._residency_events import Resident
 from gpufleet.control._served import (
     Flight,
     ServedModel,
@@ -126,6 +128,7 @@ class FleetController:
         "fleet",
         "log",
         "pools",
+        "residency",
         "seed",
         "served",
         "touched",
@@ -148,6 +151,8 @@ class FleetController:
         self._contexts = {name: s.context for name, s in settings.items()}
         self._flights: dict[str, Flight] = {}
         """The requests of names that are not plain, by id, until they end."""
+        self.residency = ResidencyControl.of(fleet, self.pools)
+        """Sleep and wake of the pools that are not always resident (``None``: none is)."""
 
     @classmethod
     def of(
@@ -215,6 +220,8 @@ class FleetController:
             self.touched = None
             self._reweigh(event)
             commands = []
+        elif isinstance(event, Resident):
+            commands = []  # residency's own (below)
         elif self._flights and isinstance(event, _REQUEST_EVENTS):
             event, commands = self._request_event(now, event)
         else:
@@ -223,9 +230,29 @@ class FleetController:
             commands = [] if pool is None else pool.handle(now, event)
         if self._flights and commands and not followed:
             commands = self._follow(now, commands)
+        if self.residency is not None:
+            commands = self._reside(now, event, commands)
         if self.log is not None:
             self.log.write(now, event, commands)
         return commands
+
+    def _reside(self, now: float, event: Event, commands: list[Command]) -> list[Command]:
+        """What residency adds after the pools took ``event`` (its commands followed, as
+        the pools' are: a held request it routes may be in a flight)."""
+        residency = self.residency
+        assert residency is not None
+        arrived_in = None
+        if isinstance(event, Arrived):
+            rid = event.request.request_id
+            flight = self._flights.get(rid)
+            arrived_in = event.request.model if flight is None else flight.pool
+        extra = residency.after(now, event, arrived_in)
+        self.touched = None  # residency may change any of its pools, and its own wake-up
+        if not extra:
+            return commands
+        if self._flights:
+            extra = self._follow(now, extra)
+        return [*commands, *extra]
 
     def _arrived(self, now: float, event: Arrived) -> tuple[list[Command], bool]:
         """A request arrives at its served name: its commands, and whether they were
@@ -320,7 +347,7 @@ class FleetController:
         served.reweigh(event.weights)
 
     def next_wakeup(self) -> float | None:
-        due = None
+        due = None if self.residency is None else self.residency.next_wakeup()
         for pool in self.pools.values():
             t = pool.next_wakeup()
             if t is not None and (due is None or t < due):
