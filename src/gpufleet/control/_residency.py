@@ -104,6 +104,7 @@ class ResidencyControl:
         "counters",
         "meters",
         "policy",
+        "version",
     )
 
     def __init__(self, models: Mapping[str, ModelConfig], pools: Mapping[str, PoolController]):
@@ -116,6 +117,8 @@ class ResidencyControl:
         self._observed: dict[tuple[str, int], float] = {}
         self._resting: dict[str, frozenset[ReplicaId]] = {}
         self._next_at: float | None = None
+        self.version = 0
+        """Moves whenever a replica's residency changes (a shell shows the states then)."""
 
     @classmethod
     def of(cls, fleet: FleetConfig, pools: Mapping[str, PoolController]) -> ResidencyControl | None:
@@ -154,6 +157,8 @@ class ResidencyControl:
             self._resident(now, event)
         elif isinstance(event, Tick) and (self._next_at is None or now < self._next_at):
             return []
+        if isinstance(event, Replicas | Resident):
+            self.version += 1
         out: list[Command] = []
         self._rest(now, out)  # a replica that woke takes its pool's held requests first
         self._count_busy(now, out)
@@ -243,6 +248,8 @@ class ResidencyControl:
         return ResidencyView(residents, demand)
 
     def _apply(self, now: float, decision: ResidencyDecision, out: list[Command]) -> None:
+        if decision.sleep or decision.wake:
+            self.version += 1
         for rid, level, reason in decision.sleep:
             r = self._replicas[rid]
             r.state, r.since, r.level, r.reason = Residency.DRAINING, now, level, reason

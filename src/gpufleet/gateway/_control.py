@@ -47,18 +47,22 @@ from gpufleet.control import (
     RejectReason,
     Replicas,
     ReplicaSeen,
+    Resident,
     Route,
     Scale,
     Scraped,
     ScrapedLoad,
+    Sleep,
     Standbys,
     Tick,
+    Wake,
 )
 from gpufleet.fleet import FleetView, Outcome, ReplicaId, RouteRequest
 from gpufleet.gateway._autoscale import ScaleExecutor
 from gpufleet.gateway._errors import GatewayError, NoReplicaError, UpstreamError
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import Upstream
+from gpufleet.gateway._residency import ResidencyMetrics, ResidencyShell
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._tenancy_errors import AdmissionError
 from gpufleet.gateway._timeline import Timeline
@@ -115,6 +119,13 @@ class LiveControl:
         self._client: ReplicaClient | None = None
         self._record: IO[str] | None = None
         self._flushed = 0.0
+        self.residency = (
+            None
+            if self.control.residency is None
+            else ResidencyShell(ResidencyMetrics(metrics.registry), self._url_of, self._resident)
+        )
+        """Sleep and Wake over HTTP (``None``: every pool is always resident)."""
+        self._residency_shown = -1
 
     # -- life -----------------------------------------------------------------------------
 
@@ -155,6 +166,8 @@ class LiveControl:
                     waiter.set_result(command)
             else:
                 self._carry_out(now, command)
+        if self.residency is not None:
+            self._show_residency()
         model = control.touched if request else None
         if model is None or model not in self.pools:
             for name, pool in self.pools.items():
@@ -185,6 +198,32 @@ class LiveControl:
         elif isinstance(command, Fallback):
             metrics = self.metrics
             metrics.child(metrics.fallbacks, command.model, command.to, command.reason).inc()
+        elif isinstance(command, Sleep | Wake):
+            shell, tasks, client = self.residency, self._tasks, self._client
+            if shell is not None and tasks is not None and client is not None:
+                if isinstance(command, Sleep):
+                    tasks.create_task(shell.sleep(client, command))
+                else:
+                    tasks.create_task(shell.wake(client, command))
+
+    def _url_of(self, replica: ReplicaId) -> str | None:
+        upstream = self.upstreams.get(replica)
+        return None if upstream is None else upstream.url
+
+    def _resident(self, event: Resident) -> None:
+        """A Sleep or Wake ended (its task): tell the controller, unless the gateway stops."""
+        if self._tasks is not None:
+            self.handle(event)
+
+    def _show_residency(self) -> None:
+        residency = self.control.residency
+        assert residency is not None
+        assert self.residency is not None
+        if residency.version != self._residency_shown:
+            self._residency_shown = residency.version
+            for model in self.pools:
+                if residency.manages(model):
+                    self.residency.metrics.show(model, residency.replicas_of(model))
 
     def _show(self, model: str, pool: PoolController) -> None:
         """Show the pool's view (and its held requests) where they changed."""
