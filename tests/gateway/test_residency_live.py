@@ -19,28 +19,15 @@ import pytest
 from gpufleet.catalog import get_gpu, get_model
 from gpufleet.control import Residency, read_recording, replay
 from gpufleet.perf import residency_times
+from tests.control import residency_scenario as scenario
+from tests.control.residency_scenario import EXPECTED, PHASES, A, B, residency_commands
 from tests.gateway.live import LiveFleet, fleet_file, live_fleet
 
-A, B = "chat-a", "chat-b"
 ENGINE = ["--time-scale", "1", "--max-num-seqs", "8", "--max-model-len", "2048"]
 WAKE = residency_times(get_model("llama-3.1-8b"), get_gpu("h100-sxm")).wake(1)
 """The modelled level-1 wake of an 8B model on an H100: ~0.41 s (time scale 1: real)."""
 CLIENTS = 4
-
-FLEET = {
-    "gateway": {"autoscaler": {"hold_timeout": 20}},
-    "models": [
-        {
-            "name": name,
-            "model": "llama-3.1-8b",
-            "replicas": 1,
-            "args": ENGINE,
-            "routing": "least_request",
-            "residency": {"mode": "on_demand", "slots": "gpu-0", "idle": 600, "min_awake": 1.0},
-        }
-        for name in (A, B)
-    ],
-}
+FLEET = scenario.fleet(ENGINE)
 
 
 async def _client_loop(
@@ -83,8 +70,10 @@ async def test_two_models_share_a_slot_taking_turns_without_a_failed_request(
             }:
                 await asyncio.sleep(0.02)
         latencies: list[tuple[str, float]] = []
-        for phase in ([A], [B], [A], [B]):  # alternating: every phase starts with a swap
+        for phase in PHASES:  # alternating: every phase starts with a swap
             await _phase(fleet, phase, latencies)
+        # the same decisions as simulated (tests/sim/test_residency_sim.py)
+        assert residency_commands(recording.getvalue()) == EXPECTED
         await _phase(fleet, [A, B], latencies)  # mixed: turns of at least min_awake
 
         assert len(latencies) == 5 * CLIENTS * 3  # every request answered (none raised)
