@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -59,6 +60,9 @@ def engine_config(ctx: typer.Context) -> SimEngineConfig:
                 "unhealthy": options["fault_unhealthy"],
             },
             "enable_admin": options["enable_admin"],
+            "enable_sleep_mode": options["enable_sleep_mode"],
+            "dev_mode": os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip().lower()
+            in ("1", "true"),
             **profile.settings(),
         }
     )
@@ -97,6 +101,12 @@ def sim(
     fault_unhealthy: Annotated[bool, typer.Option(help="GET /health answers 503.")] = False,
     enable_admin: Annotated[
         bool, typer.Option(help="Serve POST /admin/faults to change faults at run time.")
+    ] = False,
+    enable_sleep_mode: Annotated[
+        bool,
+        typer.Option(
+            help="vLLM's sleep mode: POST /sleep, /wake_up (served with VLLM_SERVER_DEV_MODE=1)."
+        ),
     ] = False,
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
     ssl_certfile: Annotated[

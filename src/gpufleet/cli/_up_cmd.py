@@ -175,7 +175,7 @@ def pool_spec(model: ModelConfig, seed: int) -> PoolSpec:
         served_model_name=model.name if model.name != served else None,
         profile=model.profile(seed),
         ready_timeout_s=model.startup_timeout,
-        env=model.env,
+        env=model.engine_env,
         endpoints=model.endpoints,
         ca_file=model.ca_file,
     )

@@ -42,12 +42,14 @@ from pydantic import (
 )
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
+from gpufleet.config._residency import DEFAULT_MEMORY, check_slots
 from gpufleet.fleet import ReplicaProfile
 from gpufleet.policy import (
     AdmissionConfig,
     AutoscaleConfig,
     HealthConfig,
     PrefixAwareConfig,
+    ResidencyConfig,
     RolloutConfig,
     RouterConfig,
 )
@@ -121,6 +123,10 @@ ExistingFile = Annotated[str, AfterValidator(_existing_file)]
 """A path (relative ones to the working directory) that must name an existing file."""
 
 
+def _residency_mode(value: object) -> object:
+    return {"mode": value} if isinstance(value, str) else value
+
+
 def _policy_name(value: object) -> object:
     return {"policy": value} if isinstance(value, str) else value
 
@@ -172,6 +178,9 @@ class ModelConfig(_Strict):
     With it, ``replicas`` is the count the pool starts with (default ``min_replicas``)."""
     startup: StartupConfig = StartupConfig()
     """Start-up times: simulated, and emulated live (``provision``)."""
+    residency: Annotated[ResidencyConfig, BeforeValidator(_residency_mode)] = ResidencyConfig()
+    """Whether the model stays on its GPUs (``always``) or sleeps and wakes on demand
+    (``on_demand``), and which GPU slots it shares (docs/residency.md)."""
     fallbacks: tuple[str, ...] = ()
     """Served names to try next, in order, when this pool cannot answer (every attempt
     failed with a 5xx or a timeout, the pool shed the request or has no replica) or the
@@ -194,6 +203,11 @@ class ModelConfig(_Strict):
             raise ValueError(
                 f"ca_file is for an external model's https:// endpoints, not {self.engine.value!r}"
             )
+        if self.residency.slots is not None and self.autoscale is not None:
+            raise ValueError(
+                "residency.slots: a pool that shares GPU slots has a fixed replica count "
+                "(no autoscale)"
+            )
         scale, count = self.autoscale, self.replicas
         if (
             scale is not None
@@ -213,6 +227,11 @@ class ModelConfig(_Strict):
         return self
 
     def _check_external(self) -> None:
+        if self.residency.on_demand or self.residency.slots is not None:
+            raise ValueError(
+                "residency: an external model's engine is run by someone else (its sleep "
+                "mode and GPUs are not ours to manage)"
+            )
         if not self.endpoints:
             raise ValueError("an external model needs at least one entry in endpoints")
         for url in self.endpoints:
@@ -261,6 +280,9 @@ class ModelConfig(_Strict):
         every replica of every pool runs with it as ``--seed``, unless ``args`` set one
         (docs/design/replica-profile.md). ``None``: no ``--seed`` (the engine's default).
         """
+        args = self.args
+        if self.residency.on_demand and "--enable-sleep-mode" not in args:
+            args = (*args, "--enable-sleep-mode")  # vLLM's, and the sim engine's
         base = ReplicaProfile(
             tp=self.tp,
             max_model_len=self.max_model_len,
@@ -269,7 +291,7 @@ class ModelConfig(_Strict):
             seed=seed,
         )
         try:
-            return ReplicaProfile.from_argv(self.args, base)
+            return ReplicaProfile.from_argv(args, base)
         except ValueError as error:
             raise ValueError(f"args: {error}") from None
 
@@ -294,6 +316,21 @@ class ModelConfig(_Strict):
             return get_model(self.served_model).max_context
         except CatalogError:
             return None
+
+    @property
+    def memory(self) -> float:
+        """The share of each GPU's memory an awake engine takes (``gpu_memory_utilization``,
+        vLLM's 0.9 by default): what it holds of a shared slot (``residency.slots``)."""
+        share = self.profile().gpu_memory_utilization
+        return DEFAULT_MEMORY if share is None else share
+
+    @property
+    def engine_env(self) -> dict[str, str]:
+        """The environment of its engines: ``env``, and ``VLLM_SERVER_DEV_MODE=1`` for an
+        ``on_demand`` model (vLLM serves ``/sleep`` and ``/wake_up`` only then)."""
+        if self.residency.on_demand:
+            return {"VLLM_SERVER_DEV_MODE": "1", **self.env}
+        return dict(self.env)
 
     @property
     def startup_timeout(self) -> float:
@@ -608,6 +645,11 @@ class FleetConfig(_Strict):
             if model.name in seen:
                 raise ValueError(f"model {model.name!r} is given twice")
             seen.add(model.name)
+        return self
+
+    @model_validator(mode="after")
+    def _slots(self) -> FleetConfig:
+        check_slots(self.models)
         return self
 
     @model_validator(mode="after")

@@ -12,9 +12,14 @@ autoscaler, and re-exports just the values that cross to the shells in its event
 commands, its vocabulary: a :class:`Standby` the runtime reports, a :class:`ScaleDecision`
 (its :class:`ScaleDirection`) and the :class:`PoolView` it was made on, an
 :class:`EjectionRecord`, a decision's log line (:func:`decision_record`), the N+1 check on
-a routing view (:func:`redundancy`, :class:`Redundancy`) and the priority classes
-(:data:`CLASSES`), and a rollout's settings and decisions (:class:`RolloutConfig`,
-:class:`RolloutDecision` and their enums).
+a routing view (:func:`redundancy`, :class:`Redundancy`), the priority classes
+(:data:`CLASSES`), a rollout's settings and decisions (:class:`RolloutConfig`,
+:class:`RolloutDecision` and their enums) and a replica's :class:`Residency`
+(:func:`asleep_at`).
+
+Residency (:class:`ResidencyControl`, docs/residency.md) is decided above the pools: a GPU
+slot may be shared by several pools' replicas; its commands are :class:`Sleep` and
+:class:`Wake`, and the shells report an engine's new state with :class:`Resident`.
 
 Served names are the controller's too: an ``Arrived`` names what the client sent, and the
 :class:`FleetController` chooses the variant (pool) and the fallbacks (a :class:`Fallback`
@@ -61,6 +66,8 @@ from gpufleet.control._fleet import (
     replay,
 )
 from gpufleet.control._pool import ANONYMOUS, PoolController, PoolCounters
+from gpufleet.control._residency import ResidencyControl, ResidencyCounters
+from gpufleet.control._residency_events import Resident, Sleep, Wake
 from gpufleet.control._rollouts import Rollouts
 from gpufleet.control._served import ServedModel
 from gpufleet.control._settings import PoolSettings
@@ -72,6 +79,7 @@ from gpufleet.policy import (
     EjectionRecord,
     PoolView,
     Redundancy,
+    Residency,
     RolloutAction,
     RolloutConfig,
     RolloutDecision,
@@ -81,6 +89,7 @@ from gpufleet.policy import (
     ScaleDecision,
     ScaleDirection,
     Standby,
+    asleep_at,
     decision_record,
     redundancy,
 )
@@ -115,6 +124,10 @@ __all__ = [
     "RejectReason",
     "ReplicaSeen",
     "Replicas",
+    "Residency",
+    "ResidencyControl",
+    "ResidencyCounters",
+    "Resident",
     "RolloutAct",
     "RolloutAction",
     "RolloutConfig",
@@ -132,10 +145,13 @@ __all__ = [
     "Scraped",
     "ScrapedLoad",
     "ServedModel",
+    "Sleep",
     "Standby",
     "Standbys",
     "Tick",
+    "Wake",
     "Weights",
+    "asleep_at",
     "command_to_json",
     "decision_record",
     "event_from_json",

@@ -5,15 +5,18 @@ values the shell carries out (send an attempt, answer an error, probe, scale). N
 an event or a command once made (``dataclasses.replace`` makes another); the ones made per
 request (``Arrived``, ``AttemptFailed``, ``Finished``, ``ClientGone``, ``Route``, ``Reject``)
 are not frozen only because a frozen dataclass's ``__init__`` costs about 5× a plain one's,
-on the gateway's hot path. Both
-have a JSON form (:func:`event_to_json`, :func:`command_to_json`), so a live run's events can
-be recorded and replayed into a fresh controller, and its decisions compared line by line::
+on the gateway's hot path. Both have a JSON form (:func:`event_to_json`,
+:func:`command_to_json`), so a live run's events can be recorded and replayed into a fresh
+controller, and its decisions compared line by line::
 
     shell ──► Replicas · Scraped · ProbeAnswered · Standbys          (what the runtime sees)
               Arrived · AttemptFailed · Finished · ClientGone · Tick  (requests and time)
               Weights                                   (a served name's variant weights)
               RolloutStart · RolloutAct · Latencies     (rollouts: docs/design/rollout.md)
-    controller ──► Route · Reject · Fallback · Probe · Ejected · Scale · RolloutStep
+              Resident                        (an engine fell asleep or woke: residency)
+    controller ──► Route · Reject · Fallback · Probe · Ejected · Scale  (what the shell does)
+                   RolloutStep                             (a rollout's decision)
+                   Sleep · Wake                           (residency: _residency_events.py)
 
 A request's events name its *served* name (``Arrived``: what the client sent as ``model``)
 or its pool; the controller knows which pool a request is in (a variant, a fallback), and a
@@ -26,6 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gpufleet.control._residency_events import (
+    Resident,
+    Sleep,
+    Wake,
+    resident_from_json,
+    resident_to_json,
+    sleep_to_json,
+    wake_to_json,
+)
 from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
 from gpufleet.policy import (
     EjectionRecord,
@@ -209,6 +221,7 @@ Event = (
     | RolloutStart
     | RolloutAct
     | Latencies
+    | Resident
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -322,7 +335,7 @@ class RolloutStep:
     state: dict[str, Any]
 
 
-Command = Route | Reject | Fallback | Probe | Ejected | Scale | RolloutStep
+Command = Route | Reject | Fallback | Probe | Ejected | Scale | RolloutStep | Sleep | Wake
 
 # -- JSON -------------------------------------------------------------------------------------
 
@@ -396,6 +409,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
             return {"kind": "rollout_act", "model": model, "action": action.value}
         case Latencies(model=model, ttft=ttft, itl=itl):
             return {"kind": "latencies", "model": model, "ttft": list(ttft), "itl": list(itl)}
+        case Resident():
+            return resident_to_json(event)
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -464,6 +479,7 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
     "finished": _finished,
     "gone": lambda d: ClientGone(d["model"], d["id"]),
     "tick": lambda d: Tick(),
+    "resident": resident_from_json,
     "weights": lambda d: Weights(
         str(d["model"]), tuple((str(p), float(w)) for p, w in d["weights"])
     ),
@@ -516,4 +532,8 @@ def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911 - one 
             return {"do": "scale", **decision_record(decision, view)}
         case RolloutStep(decision=decision):
             return {"do": "rollout", **decision.to_json()}
+        case Sleep():
+            return sleep_to_json(command)
+        case Wake():
+            return wake_to_json(command)
     raise TypeError(f"not a command: {command!r}")

@@ -50,6 +50,8 @@ from gpufleet.control._events import (
     event_to_json,
 )
 from gpufleet.control._pool import PoolController
+from gpufleet.control._residency import ResidencyControl
+from gpufleet.control._residency_events import Resident
 from gpufleet.control._rollouts import Rollouts
 from gpufleet.control._served import (
     Flight,
@@ -131,6 +133,7 @@ class FleetController:
         "fleet",
         "log",
         "pools",
+        "residency",
         "rollouts",
         "seed",
         "served",
@@ -156,6 +159,8 @@ class FleetController:
         """The requests of names that are not plain, by id, until they end."""
         self.rollouts = Rollouts(self.served)
         """The served names' rollouts (``control/_rollouts.py``)."""
+        self.residency = ResidencyControl.of(fleet, self.pools)
+        """Sleep and wake of the pools that are not always resident (``None``: none is)."""
 
     @classmethod
     def of(
@@ -213,15 +218,7 @@ class FleetController:
         if isinstance(event, Arrived):
             commands, followed = self._arrived(now, event)
         elif isinstance(event, Tick):
-            self.touched = None
-            commands = []
-            for due in self.pools.values():
-                wake = due.next_wakeup()
-                if wake is not None and now >= wake:
-                    commands += due.handle(now, event)
-            wake = self.rollouts.next_wakeup()
-            if wake is not None and now >= wake:
-                commands += self.rollouts.due(now, self._ready())
+            commands = self._tick(now, event)
         elif isinstance(event, _ROLLOUT_EVENTS):
             self.touched = None
             commands = self._rollout(now, event)
@@ -229,6 +226,8 @@ class FleetController:
             self.touched = None
             self._reweigh(event)
             commands = []
+        elif isinstance(event, Resident):
+            commands = []  # residency's own (below)
         elif self._flights and isinstance(event, _REQUEST_EVENTS):
             event, commands = self._request_event(now, event)
         else:
@@ -237,9 +236,42 @@ class FleetController:
             commands = [] if pool is None else pool.handle(now, event)
         if self._flights and commands and not followed:
             commands = self._follow(now, commands)
+        if self.residency is not None:
+            commands = self._reside(now, event, commands)
         if self.log is not None:
             self.log.write(now, event, commands)
         return commands
+
+    def _tick(self, now: float, tick: Tick) -> list[Command]:
+        """The pools and rollouts that are due."""
+        self.touched = None
+        commands: list[Command] = []
+        for due in self.pools.values():
+            wake = due.next_wakeup()
+            if wake is not None and now >= wake:
+                commands += due.handle(now, tick)
+        wake = self.rollouts.next_wakeup()
+        if wake is not None and now >= wake:
+            commands += self.rollouts.due(now, self._ready())
+        return commands
+
+    def _reside(self, now: float, event: Event, commands: list[Command]) -> list[Command]:
+        """What residency adds after the pools took ``event`` (its commands followed, as
+        the pools' are: a held request it routes may be in a flight)."""
+        residency = self.residency
+        assert residency is not None
+        arrived_in = None
+        if isinstance(event, Arrived):
+            rid = event.request.request_id
+            flight = self._flights.get(rid)
+            arrived_in = event.request.model if flight is None else flight.pool
+        extra = residency.after(now, event, arrived_in)
+        self.touched = None  # residency may change any of its pools, and its own wake-up
+        if not extra:
+            return commands
+        if self._flights:
+            extra = self._follow(now, extra)
+        return [*commands, *extra]
 
     def _arrived(self, now: float, event: Arrived) -> tuple[list[Command], bool]:
         """A request arrives at its served name: its commands, and whether they were
@@ -346,6 +378,10 @@ class FleetController:
 
     def next_wakeup(self) -> float | None:
         due = self.rollouts.next_wakeup()
+        if self.residency is not None:
+            t = self.residency.next_wakeup()
+            if t is not None and (due is None or t < due):
+                due = t
         for pool in self.pools.values():
             t = pool.next_wakeup()
             if t is not None and (due is None or t < due):

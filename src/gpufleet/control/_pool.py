@@ -209,7 +209,11 @@ class PoolController:
         self._scale_last: float | None = None
         self._scale_arrivals = 0
         self._reachable: frozenset[ReplicaId] = frozenset()
-        """Replicas an attempt can go to: the runtime has a process for it, not leaving."""
+        """Replicas an attempt can go to: the runtime has a process for it, not leaving, and
+        its model is resident."""
+        self.resting: frozenset[ReplicaId] = frozenset()
+        """Replicas whose model is not resident (asleep, waking, draining to sleep): set by
+        the residency controller (``control/_residency.py``) through :meth:`rest`."""
         self._tries = 1 + settings.retry.max_retries
         # one dict lookup per event, not a chain of isinstance checks (the hot path)
         handlers: dict[type, Callable[[float, Any, list[Command]], None]] = {
@@ -341,9 +345,7 @@ class PoolController:
             self._views.pop(gone, None)
             self._restarted.discard(gone)
         self._seen = fresh
-        self._reachable = frozenset(
-            r.id for r in replicas if r.incarnation is not None and r.state not in _LEAVING
-        )
+        self._reachable = self._reach()
         restarted = bool(self._restarted)
         self._decide_health(now, out)
         for replica in checked:
@@ -353,6 +355,25 @@ class PoolController:
             self.health.on_event(now, ProbeResult(replica, True))
         if restarted or checked:
             self._decide_health(now, out)  # the new process's first probe, at once
+
+    def _reach(self) -> frozenset[ReplicaId]:
+        reach = frozenset(
+            r.id
+            for r in self._seen.values()
+            if r.incarnation is not None and r.state not in _LEAVING
+        )
+        return reach - self.resting if self.resting else reach
+
+    def rest(self, now: float, resting: frozenset[ReplicaId]) -> list[Command]:
+        """Keep ``resting`` replicas out of routing (their model is not resident): the view
+        shows them ``STARTING``, so a request that finds no other waits for one, held as
+        for a replica being started; the others become routable (and take the held
+        requests). The residency controller's call; the commands it gives."""
+        out: list[Command] = []
+        self.resting = resting
+        self._reachable = self._reach()
+        self._refresh(now, out)
+        return out
 
     def _runtime_state(self, seen: ReplicaSeen) -> ReplicaState:
         return ReplicaState.STARTING if seen.incarnation is None else seen.state
@@ -376,7 +397,7 @@ class PoolController:
         """Rebuild the routing view (a replica's view object kept while it is unchanged:
         routers key caches on a pool's identity); route held requests if it has room."""
         decided = None if self.decision is None else self.decision.states
-        views, loads = self._views, self._loads
+        views, loads, resting = self._views, self._loads, self.resting
         current: list[ReplicaView] = []
         for rid, seen in self._seen.items():
             state = self._runtime_state(seen)
@@ -384,6 +405,8 @@ class PoolController:
                 state = (decided.get(rid) if decided is not None else None) or (
                     ReplicaState.STARTING
                 )
+                if resting and state is ReplicaState.READY and rid in resting:
+                    state = ReplicaState.STARTING  # its model sleeps (or is on its way)
             load = loads.get(rid, NO_LOAD)
             view = views.get(rid)
             if view is None or view.state is not state or view.load is not load:

@@ -49,19 +49,23 @@ from gpufleet.control import (
     RejectReason,
     Replicas,
     ReplicaSeen,
+    Resident,
     RolloutStep,
     Route,
     Scale,
     Scraped,
     ScrapedLoad,
+    Sleep,
     Standbys,
     Tick,
+    Wake,
 )
 from gpufleet.fleet import FleetView, Outcome, ReplicaId, RouteRequest
 from gpufleet.gateway._autoscale import ScaleExecutor
 from gpufleet.gateway._errors import GatewayError, NoReplicaError, UpstreamError
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import Upstream
+from gpufleet.gateway._residency import ResidencyMetrics, ResidencyShell
 from gpufleet.gateway._scrape import parse_engine_metrics
 from gpufleet.gateway._tenancy_errors import AdmissionError
 from gpufleet.gateway._timeline import Timeline
@@ -123,6 +127,13 @@ class LiveControl:
         self.sampled: frozenset[str] = frozenset()
         """The pools a rollout watches: their requests' latencies are sampled."""
         self._samples: dict[str, tuple[list[float], list[float]]] = {}
+        self.residency = (
+            None
+            if self.control.residency is None
+            else ResidencyShell(ResidencyMetrics(metrics.registry), self._url_of, self._resident)
+        )
+        """Sleep and Wake over HTTP (``None``: every pool is always resident)."""
+        self._residency_shown = -1
 
     # -- life -----------------------------------------------------------------------------
 
@@ -163,6 +174,8 @@ class LiveControl:
                     waiter.set_result(command)
             else:
                 self._carry_out(now, command)
+        if self.residency is not None:
+            self._show_residency()
         model = control.touched if request else None
         pool = None if model is None else self.pools.get(model)
         if pool is None:
@@ -197,6 +210,32 @@ class LiveControl:
             self.sampled = frozenset(self.control.rollouts.watched)
             if self.on_rollout is not None:
                 self.on_rollout(now, command)
+        elif isinstance(command, Sleep | Wake):
+            shell, tasks, client = self.residency, self._tasks, self._client
+            if shell is not None and tasks is not None and client is not None:
+                if isinstance(command, Sleep):
+                    tasks.create_task(shell.sleep(client, command))
+                else:
+                    tasks.create_task(shell.wake(client, command))
+
+    def _url_of(self, replica: ReplicaId) -> str | None:
+        upstream = self.upstreams.get(replica)
+        return None if upstream is None else upstream.url
+
+    def _resident(self, event: Resident) -> None:
+        """A Sleep or Wake ended (its task): tell the controller, unless the gateway stops."""
+        if self._tasks is not None:
+            self.handle(event)
+
+    def _show_residency(self) -> None:
+        residency = self.control.residency
+        assert residency is not None
+        assert self.residency is not None
+        if residency.version != self._residency_shown:
+            self._residency_shown = residency.version
+            for model in self.pools:
+                if residency.manages(model):
+                    self.residency.metrics.show(model, residency.replicas_of(model))
 
     def _show(self, model: str, pool: PoolController) -> None:
         """Show the pool's view (and its held requests) where they changed."""

@@ -54,6 +54,7 @@ class GatewayMetrics:
                 gauge.remove(replica)
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         p = "gpufleet:gateway_"
         self.requests = LeanCounter(

@@ -20,11 +20,19 @@ from gpufleet.perf._memory import (
     memory_plan,
     weight_bytes,
 )
+from gpufleet.perf._residency import (
+    PINNED_COPY_EFFICIENCY,
+    STORAGE_GB_S,
+    ResidencyTimes,
+    residency_times,
+)
 from gpufleet.perf._step import BatchShape, Bound, StepTime, StepTimeModel
 
 __all__ = [
     "GIB",
     "KV_DTYPES",
+    "PINNED_COPY_EFFICIENCY",
+    "STORAGE_GB_S",
     "BatchShape",
     "Bound",
     "Calibration",
@@ -36,6 +44,7 @@ __all__ = [
     "MemoryPlan",
     "Overheads",
     "Parallelism",
+    "ResidencyTimes",
     "StepTime",
     "StepTimeModel",
     "activation_bytes",
@@ -44,5 +53,6 @@ __all__ = [
     "load_calibration",
     "memory_plan",
     "parse_dtype",
+    "residency_times",
     "weight_bytes",
 ]

@@ -19,6 +19,9 @@ the gateway and the fleet simulator, which reach them only through it (``.import
   each step ending in an :func:`analyse` of new against old on the same window (TTFT and ITL
   P99 by Mann-Whitney U, the 5xx/timeout rate by a two-proportion test): promote, hold or
   roll back (docs/design/rollout.md).
+* Residency: :class:`ResidencyPolicy` sleeps idle ``on_demand`` replicas, wakes one for a
+  pool with held requests and evicts the least valuable resident of a shared GPU slot
+  (docs/residency.md).
 * Variants: :func:`choose_variant` picks a served model's variant (pool) for a request's
   key, weighted and sticky (docs/fleet-file.md, "Served names, variants and fallbacks").
 """
@@ -82,6 +85,26 @@ from gpufleet.policy._ranking import (
 )
 from gpufleet.policy._redundancy import Redundancy, redundancy
 from gpufleet.policy._registry import make_router
+from gpufleet.policy._residency import (
+    ASLEEP,
+    AWAKE,
+    DEMAND_HALF_LIFE,
+    HOLDS_MEMORY,
+    DemandMeter,
+    PoolDemand,
+    Residency,
+    ResidencyConfig,
+    ResidencyDecision,
+    ResidencyMode,
+    ResidencyPolicy,
+    ResidencyView,
+    Resident,
+    SleepReason,
+    asleep_at,
+)
+from gpufleet.policy._residency import (
+    value as residency_value,
+)
 from gpufleet.policy._retry import retry_allowed
 from gpufleet.policy._rollout import (
     ACTIVE_ROLLOUT,
@@ -110,7 +133,11 @@ from gpufleet.policy._variants import choose_variant, variant_point
 
 __all__ = [
     "ACTIVE_ROLLOUT",
+    "ASLEEP",
+    "AWAKE",
     "CLASSES",
+    "DEMAND_HALF_LIFE",
+    "HOLDS_MEMORY",
     "ROUTER_POLICIES",
     "TERMINAL_ROLLOUT",
     "ActiveCheckConfig",
@@ -124,6 +151,7 @@ __all__ = [
     "Candidates",
     "CheckResult",
     "DemandForecaster",
+    "DemandMeter",
     "EjectionCause",
     "EjectionRecord",
     "FairQueue",
@@ -138,6 +166,7 @@ __all__ = [
     "LeastRequestRouter",
     "OutlierConfig",
     "PoolAdmission",
+    "PoolDemand",
     "PoolGauge",
     "PoolView",
     "PrefixAwareConfig",
@@ -148,6 +177,13 @@ __all__ = [
     "Ranking",
     "Redundancy",
     "ReplicaHealth",
+    "Residency",
+    "ResidencyConfig",
+    "ResidencyDecision",
+    "ResidencyMode",
+    "ResidencyPolicy",
+    "ResidencyView",
+    "Resident",
     "Rollout",
     "RolloutAction",
     "RolloutAnalysis",
@@ -171,9 +207,11 @@ __all__ = [
     "ScaleProposal",
     "SessionConfig",
     "SessionRouter",
+    "SleepReason",
     "Standby",
     "Ticket",
     "analyse",
+    "asleep_at",
     "choose_drain",
     "choose_variant",
     "decision_record",
@@ -188,6 +226,7 @@ __all__ = [
     "pool_utilisation",
     "redundancy",
     "redundancy_floor",
+    "residency_value",
     "retry_allowed",
     "saturation",
     "select_candidates",

@@ -22,6 +22,8 @@ turns the simulated world into its events and does what it says::
     (the fleet file's rollout blocks start when the run does: RolloutStart at t = 0)
     Probe  ─► answered at once: ok unless the replica is down
     Scale  ─► the modelled runtime (``gpufleet.sim._autoscale``)
+    Sleep / Wake ─► the replica's modelled sleep / wake time (``perf.residency_times``),
+              then Resident (a Sleep drops the replica's prefix cache, as vLLM's does)
 
 :class:`SimReplicas` is the one registry of the simulated runtime: each replica's id, pool,
 driver, state and incarnation, in the order the controller sees them (serving replicas in
@@ -41,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gpufleet.catalog import get_gpu, get_model
 from gpufleet.control import (
     Arrived,
     AttemptFailed,
@@ -56,18 +59,24 @@ from gpufleet.control import (
     Reject,
     Replicas,
     ReplicaSeen,
+    Residency,
+    Resident,
     RolloutDecision,
     RolloutStep,
     Route,
     Scale,
     Scraped,
     ScrapedLoad,
+    Sleep,
     Standby,
     Standbys,
     Tick,
+    asleep_at,
 )
 from gpufleet.control import Event as ControlEvent
+from gpufleet.control import Wake as WakeCommand
 from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
+from gpufleet.perf import Parallelism, ResidencyTimes, residency_times
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
 from gpufleet.sim._replica_driver import ReplicaDriver
@@ -163,6 +172,14 @@ class Dispatch:
     commands: tuple[Command, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A modelled engine finished falling asleep or waking up: tell the controller."""
+
+    target: SimControl
+    resident: Resident
+
+
 @dataclass(slots=True)
 class _Pending:
     request: TraceRequest
@@ -224,6 +241,11 @@ class SimControl:
         self._wake_at: float | None = None
         self._local = False
         self._deferred: list[Command] = []
+        self._times: dict[str, ResidencyTimes] = {}
+        self._levels: dict[ReplicaId, int] = {}
+        self.sleeps = 0
+        self.wake_seconds: list[float] = []
+        """The modelled time of each wake carried out."""
 
     # -- the registry ---------------------------------------------------------------------
 
@@ -412,14 +434,7 @@ class SimControl:
                 case Fallback():
                     pass  # counted by the controller; the request's next decision follows
                 case Probe(model=model, replica=replica):
-                    entry = self.replicas.by_id.get(replica)
-                    ok = entry is not None and entry.state is ReplicaState.READY
-                    if ok and entry is not None and entry.driver is not None:
-                        harness = self._harness
-                        ok = harness is None or not harness.drivers[entry.driver].down
-                    events += self._carry_out(
-                        now, self.control.handle(now, ProbeAnswered(model, replica, ok))
-                    )
+                    events += self._probe(now, model, replica)
                 case Ejected(record=record):
                     self.ejections.append(record)
                 case Scale():
@@ -427,7 +442,54 @@ class SimControl:
                         self.on_scale(now, command)
                 case RolloutStep(decision=decision):
                     self.rollout_log.append(decision)
+                case Sleep() | WakeCommand():
+                    self._reside(now, command)
         return events
+
+    def _probe(self, now: float, model: str, replica: ReplicaId) -> list[ScheduledEvent]:
+        """Answered at once: ok unless the replica is down."""
+        entry = self.replicas.by_id.get(replica)
+        ok = entry is not None and entry.state is ReplicaState.READY
+        if ok and entry is not None and entry.driver is not None:
+            harness = self._harness
+            ok = harness is None or not harness.drivers[entry.driver].down
+        return self._carry_out(now, self.control.handle(now, ProbeAnswered(model, replica, ok)))
+
+    def _reside(self, now: float, command: Sleep | WakeCommand) -> None:
+        """The modelled engine falls asleep (its prefix cache dropped) or wakes up; the
+        controller hears of it when that is done (:class:`Settled`)."""
+        model, replica = command.model, command.replica
+        if isinstance(command, Sleep):
+            self._levels[replica] = command.level
+            self.sleeps += 1
+            entry = self.replicas.by_id.get(replica)
+            harness = self._harness
+            if entry is not None and entry.driver is not None and harness is not None:
+                harness.drivers[entry.driver].model.reset_prefix_cache()
+            settled = Resident(model, replica, asleep_at(command.level))
+            self._settle(now + self._residency(model).sleep(command.level), settled)
+            return
+        took = self._residency(model).wake(self._levels.get(replica, 1))
+        self.wake_seconds.append(took)
+        self._settle(now + took, Resident(model, replica, Residency.SERVING))
+
+    def _residency(self, pool: str) -> ResidencyTimes:
+        """The modelled sleep and wake times of ``pool``'s replicas."""
+        times = self._times.get(pool)
+        if times is None:
+            model = self.control.fleet.model(pool)
+            assert model is not None, pool
+            times = self._times[pool] = residency_times(
+                get_model(model.served_model),
+                get_gpu(model.gpu),
+                parallel=Parallelism(tp=model.tp),
+            )
+        return times
+
+    def _settle(self, at: float, resident: Resident) -> None:
+        harness = self._harness
+        if harness is not None:
+            harness.kernel.schedule(at, URGENT, Settled(self, resident))
 
     def _rewake(self, now: float) -> None:
         harness = self._harness
@@ -444,6 +506,8 @@ class SimControl:
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
         if isinstance(event, Dispatch):
             return self._carry_out(now, list(event.commands))
+        if isinstance(event, Settled):
+            return self._tell(now, event.resident)
         assert isinstance(event, Wake), event
         harness = self._harness
         if self._wake_at is None or now < self._wake_at or harness is None or not harness.active:

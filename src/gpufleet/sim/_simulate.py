@@ -37,6 +37,9 @@ QUANTILES: Final = (0.5, 0.9, 0.99)
 
 _PACING: Final = frozenset({"--time-scale"})
 """Sim engine flags that pace real time: virtual time has nothing to pace (ignored here)."""
+_SWITCHES: Final = frozenset({"--enable-sleep-mode"})
+"""Engine flags without a value that the simulator models elsewhere (residency: its sleep
+and wake times come from the performance model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,8 @@ def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
     extra = list(profile.extra)
     while extra:  # what a live engine takes beyond the profile: only pacing means nothing here
         flag, eq, _ = extra.pop(0).partition("=")
+        if flag in _SWITCHES:
+            continue
         if flag not in _PACING:
             raise ValueError(f"model {model.name!r}: args: {flag} is not modelled by simulate")
         if not eq and extra:

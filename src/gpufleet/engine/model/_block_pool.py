@@ -137,6 +137,16 @@ class BlockPool:
         self._hash[block] = block_hash
         return True
 
+    def reset_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's ``reset_prefix_cache``, and what a sleeping
+        engine's dropped KV cache amounts to); ``False``, and nothing forgotten, while a
+        block is referenced."""
+        if self._num_free != self.num_blocks:
+            return False
+        self._cached.clear()
+        self._hash = [None] * self.num_blocks
+        return True
+
     # -- views for tests and metrics ------------------------------------------------------
 
     def ref_count(self, block: int) -> int:

@@ -156,6 +156,13 @@ class ReplicaModel:
         self._finished[FinishReason.ABORT.value] += 1
         return True
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (a sleeping engine drops its KV cache); ``False``, and
+        nothing forgotten, while a request holds blocks or a step is in flight."""
+        if self._requests or self._in_flight is not None:
+            return False
+        return self._kv.pool.reset_cache()
+
     def has_work(self) -> bool:
         return bool(self._scheduler.running) or bool(self._scheduler.waiting)
 

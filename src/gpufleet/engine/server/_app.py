@@ -11,6 +11,7 @@ Routes (all pure ASGI endpoints; STYLE 11), each in a module of its own::
     POST /tokenize              POST /detokenize        no model work             _tokenize
     GET  /v1/models             GET  /health            GET /metrics              here
     GET|POST /admin/faults      only with enable_admin (404 otherwise)            here
+    POST /sleep  POST /wake_up  GET /is_sleeping   only with dev_mode       _sleep_routes
 
 The engine loop runs as a task of the app's lifespan (STYLE 10). A JSON route reads its body,
 passes the fault gate, is validated and tokenized, and submits its model requests to the
@@ -61,6 +62,7 @@ from gpufleet.engine.server._errors import (
     http_error,
 )
 from gpufleet.engine.server._responses import Responses
+from gpufleet.engine.server._sleep_routes import IsSleepingRoute, SleepRoute, WakeRoute
 from gpufleet.engine.server._tokenize import Detokenize, Tokenize
 
 logger = logging.getLogger("gpufleet.engine.sim")
@@ -177,6 +179,13 @@ def _build(engine: SimEngine) -> Starlette:
         Route("/health", _Health(engine), methods=["GET"]),
         Route("/metrics", _Metrics(engine), methods=["GET"]),
     ]
+    if engine.config.dev_mode:  # vLLM's VLLM_SERVER_DEV_MODE=1 endpoints
+        enabled = engine.config.enable_sleep_mode
+        routes += [
+            Route("/sleep", SleepRoute(engine.sleep, enabled), methods=["POST"]),
+            Route("/wake_up", WakeRoute(engine.sleep, enabled), methods=["POST"]),
+            Route("/is_sleeping", IsSleepingRoute(engine.sleep), methods=["GET"]),
+        ]
     if engine.config.enable_admin:
         routes.append(Route("/admin/faults", _AdminFaults(engine), methods=["GET", "POST"]))
 

@@ -27,6 +27,7 @@ from gpufleet.engine.server._errors import (
     InjectedOverloadError,
     InvalidJSONError,
     InvalidRequestError,
+    ModelSleepingError,
     NotFoundError,
     PayloadTooLargeError,
     describe,
@@ -141,6 +142,8 @@ class JsonRoute(ABC):
             if faults.config.hang:
                 await until_disconnect(receive, asyncio.Event().wait())
                 return
+            if self.draws_errors and self.engine.sleep.sleeping:
+                raise ModelSleepingError("the model is sleeping (POST /wake_up wakes it)")
             if self.draws_errors and faults.draw_error():
                 kind = (
                     InjectedOverloadError

@@ -60,6 +60,11 @@ class SimEngineConfig(BaseModel):
     faults: FaultConfig = FaultConfig()
     enable_admin: bool = False
     """Serve ``/admin/faults``; off by default so that no client can inject faults."""
+    enable_sleep_mode: bool = False
+    """vLLM's ``--enable-sleep-mode``: the engine may be put to sleep and woken up."""
+    dev_mode: bool = False
+    """vLLM's ``VLLM_SERVER_DEV_MODE=1``: serve the development endpoints (``/sleep``,
+    ``/wake_up``, ``/is_sleeping``); the CLI reads it from the environment, as vLLM does."""
 
     @property
     def name(self) -> str:

@@ -18,6 +18,8 @@ from gpufleet.engine.server._errors import EngineUnavailableError, PromptTooLong
 from gpufleet.engine.server._faults import Faults
 from gpufleet.engine.server._loop import EngineDeadError, EngineLoop, RequestStream
 from gpufleet.engine.server._metrics import EngineMetrics
+from gpufleet.engine.server._sleep import SleepMetrics, SleepMode
+from gpufleet.perf import Parallelism, residency_times
 
 Scope = MutableMapping[str, Any]
 
@@ -55,6 +57,12 @@ class SimEngine:
         """dcgm-exporter's gauges for the replica's GPUs, modelled (``DCGM_FI_*``)."""
         self.metrics.registry.register(self.gpus)
         self.faults = Faults(config.faults, random.Random(config.seed))
+        times = residency_times(
+            spec, replica.gpu, parallel=Parallelism(tp=replica.tp, pp=replica.pp)
+        )
+        self.sleep = SleepMode(times, clock, self.loop)
+        """vLLM's sleep mode (``_sleep.py``); its routes only with ``dev_mode``."""
+        self.metrics.registry.register(SleepMetrics(self.sleep, (self.name, "0")))
         self._next_request = 0
         self.created = int(time.time())
 

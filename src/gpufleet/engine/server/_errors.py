@@ -101,6 +101,14 @@ class InjectedOverloadError(ApiError):
     retryable = True
 
 
+class ModelSleepingError(ApiError):
+    """A request that needs the weights while the engine sleeps (``POST /sleep``)."""
+
+    status = 503
+    type = "ServiceUnavailableError"
+    retryable = True
+
+
 def error_body(status: int, message: str, type_: str, param: str | None = None) -> bytes:
     """vLLM's ``ErrorResponse`` as JSON bytes."""
     error = {"message": message, "type": type_, "param": param, "code": status}

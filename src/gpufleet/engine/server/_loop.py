@@ -126,6 +126,14 @@ class EngineLoop:
             self._model.abort(request_id, self.now())
         self._wakeup.set()
 
+    def abort_all(self) -> int:
+        """Abort every request (vLLM's ``POST /sleep`` with its default ``mode=abort``); how
+        many there were."""
+        ids = list(self._streams)
+        for request_id in ids:
+            self.abort(request_id)
+        return len(ids)
+
     async def run(self, started: asyncio.Event) -> None:
         """Step the model until cancelled; an error in the model closes every stream."""
         started.set()

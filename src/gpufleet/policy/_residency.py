@@ -1,0 +1,351 @@
+"""Model residency: which replicas keep their model on the GPU, which sleep, which wake.
+
+::
+
+    policy = ResidencyPolicy()
+    decision = policy.decide(now, ResidencyView(residents, demand))
+    decision.sleep      # ((replica, level, reason), ...): drain, then POST /sleep?level=N
+    decision.wake       # (replica, ...): POST /wake_up now (the memory is free)
+    decision.next_at    # decide again then at the latest (an idle timer, a min_awake end)
+
+A *slot* is one GPU (or TP group) whose memory several engines share: replica ``i`` of
+every pool that names the same ``residency.slots`` sits on slot ``i``. An engine holds its
+``memory`` share of the slot (its ``gpu_memory_utilization``) while serving, draining or
+waking, and next to nothing asleep (vLLM's sleep mode releases the weights and the KV
+cache). The conserved quantity: on every slot the shares held add up to at most 1.
+
+The decision, level-triggered (the same view gives the same decision):
+
+1. **Overcommit** (engines start awake): a slot holding more than 1 puts its least valuable
+   residents to sleep until it fits.
+2. **Wake on demand**: a pool with held requests and no replica serving or waking gets one
+   woken — the asleep replica whose slot needs the least valuable evictions (none: a slot
+   with room). Evictions never touch an ``always`` resident or one awake for less than
+   ``min_awake`` seconds (hysteresis: two models alternating on one slot take turns of at
+   least that long instead of thrashing); the wake itself is sent once the memory is free.
+3. **Idle**: an ``on_demand`` replica with no request in flight for ``idle`` seconds sleeps.
+
+A resident chosen to sleep with requests in flight *drains* first (no new request, the
+controller sends the sleep when the last one ends): a replica never drops a request.
+
+**Which resident to evict** — the least valuable, where::
+
+    value = miss_cost × wake_seconds × demand_rate / memory      (ties: least recently used)
+
+the expected cost per second of *not* having it resident (a request for it then waits a
+wake: ``wake_seconds``, weighted by the fleet file's ``miss_cost``, at ``demand_rate``
+requests per second), per share of memory its eviction frees. This is GreedyDual-Size-
+Frequency, the web-cache rule for objects of unequal size and fetch cost: plain LRU would
+evict a 70B model (a 37 s reload) as readily as an 8B one (4 s), and plain LFU never forgets
+a model that was busy yesterday. ``demand_rate`` decays with a half-life
+(:data:`DEMAND_HALF_LIFE`), so recency enters through it; with no recent demand anywhere
+the rule is LRU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.fleet import ReplicaId
+
+DEMAND_HALF_LIFE: Final = 60.0
+"""Seconds after which an arrival counts half in a pool's demand rate."""
+_EPS: Final = 1e-9
+
+
+class ResidencyMode(StrEnum):
+    ALWAYS = "always"
+    """The model stays on the GPU (the default: today's behaviour)."""
+    ON_DEMAND = "on_demand"
+    """The model sleeps when idle or evicted, and wakes when a request comes."""
+
+
+class ResidencyConfig(BaseModel):
+    """One pool's residency, as the fleet file writes it (docs/residency.md)::
+
+    residency: {mode: on_demand, idle: 120, level: 1, slots: gpu-a, miss_cost: 2}
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: ResidencyMode = ResidencyMode.ALWAYS
+    idle: float = Field(300.0, gt=0.0)
+    """Seconds without a request in flight after which an ``on_demand`` replica sleeps."""
+    level: Literal[1, 2] = 1
+    """vLLM's sleep level: 1 keeps the weights in host memory (a wake copies them back over
+    PCIe, ~0.4 s for 8B); 2 drops them (a wake reads the checkpoint again, ~4 s for 8B)."""
+    slots: str | None = None
+    """Pools that name the same ``slots`` share GPU slots: replica ``i`` of each on slot
+    ``i``, their engines' ``gpu_memory_utilization`` summing to at most 1 among the awake."""
+    miss_cost: float = Field(1.0, gt=0.0)
+    """Weight of a request that finds this model asleep (a priority): a resident with a
+    higher one is evicted later."""
+    min_awake: float = Field(2.0, ge=0.0)
+    """Seconds a woken replica stays awake before another model may evict it."""
+
+    @property
+    def on_demand(self) -> bool:
+        return self.mode is ResidencyMode.ON_DEMAND
+
+
+class Residency(StrEnum):
+    """Where a replica's model is (a residency state, beside its runtime and health state)."""
+
+    SERVING = "serving"
+    """Awake and routable."""
+    DRAINING = "draining"
+    """Chosen to sleep: takes no new request, sleeps when the last one in flight ends."""
+    SLEEPING_1 = "sleeping_1"
+    """Asleep, weights in host memory (a wake is a copy over PCIe)."""
+    SLEEPING_2 = "sleeping_2"
+    """Asleep, weights dropped (a wake reads the checkpoint: a load)."""
+    WAKING = "waking"
+    """A wake (or load) was sent and has not finished."""
+    UNLOADED = "unloaded"
+    """No engine process (not started, or gone)."""
+
+
+ASLEEP: Final = frozenset({Residency.SLEEPING_1, Residency.SLEEPING_2})
+HOLDS_MEMORY: Final = frozenset({Residency.SERVING, Residency.DRAINING, Residency.WAKING})
+"""States whose engine holds its share of the slot's GPU memory."""
+AWAKE: Final = frozenset({Residency.SERVING, Residency.WAKING})
+"""States that answer (or are about to answer) the pool's requests."""
+
+
+def asleep_at(level: int) -> Residency:
+    return Residency.SLEEPING_1 if level == 1 else Residency.SLEEPING_2
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """One replica as the residency policy sees it."""
+
+    replica: ReplicaId
+    pool: str
+    slot: tuple[str, int]
+    """Its GPU slot: (the ``slots`` name, or its own replica id; replica index)."""
+    state: Residency
+    since: float
+    """When it entered ``state``."""
+    in_flight: int
+    last_used: float
+    """When it last had a request in flight."""
+    memory: float
+    """Its share of the slot's GPU memory while awake."""
+    config: ResidencyConfig
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDemand:
+    """What a pool's requests ask of residency."""
+
+    held: int
+    """Requests held for want of a serving replica."""
+    rate: float
+    """Arrivals per second, decayed (:class:`DemandMeter`)."""
+    wake_seconds: float
+    """What a wake of its replicas takes (observed, else a prior)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyView:
+    residents: tuple[Resident, ...]
+    demand: Mapping[str, PoolDemand]
+
+
+class SleepReason(StrEnum):
+    IDLE = "idle"
+    EVICTED = "evicted"
+    """Another model needs the slot's memory."""
+    OVERCOMMIT = "overcommit"
+    """The slot's awake engines hold more than its memory (at start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyDecision:
+    sleep: tuple[tuple[ReplicaId, int, SleepReason], ...] = ()
+    """Replicas to put to sleep (drained first), at that level, and why."""
+    wake: tuple[ReplicaId, ...] = ()
+    """Replicas to wake now: their slot has the memory."""
+    next_at: float | None = None
+
+
+class DemandMeter:
+    """A pool's arrival rate, exponentially decayed: ``rate(now)`` in requests per second."""
+
+    __slots__ = ("_at", "_count")
+
+    def __init__(self) -> None:
+        self._count = 0.0
+        self._at = 0.0
+
+    def arrive(self, now: float) -> None:
+        self._count = self._decayed(now) + 1.0
+        self._at = now
+
+    def rate(self, now: float) -> float:
+        return self._decayed(now) * math.log(2) / DEMAND_HALF_LIFE
+
+    def _decayed(self, now: float) -> float:
+        if self._count == 0.0:
+            return 0.0
+        decay: float = 0.5 ** (max(0.0, now - self._at) / DEMAND_HALF_LIFE)
+        return self._count * decay
+
+
+def value(resident: Resident, demand: PoolDemand | None) -> float:
+    """The expected cost per second of evicting ``resident`` (module docstring)."""
+    if demand is None:
+        return 0.0
+    cost = resident.config.miss_cost * demand.wake_seconds * demand.rate
+    return cost / max(resident.memory, _EPS)
+
+
+class ResidencyPolicy:
+    """Stateless: every decision is made from the view alone (level-triggered)."""
+
+    def decide(self, now: float, view: ResidencyView) -> ResidencyDecision:
+        slots: dict[tuple[str, int], _Slot] = {}
+        for r in view.residents:
+            slots.setdefault(r.slot, _Slot()).residents.append(r)
+        choice = _Choice(now, view.demand)
+        for slot in slots.values():
+            choice.overcommit(slot)
+        for pool in _wanting(view):
+            choice.wake_one(pool, slots.values())
+        for r in view.residents:
+            idle_at = _idle_at(r)
+            if idle_at is None or r.replica in choice.sleeps:
+                continue
+            if now >= idle_at:
+                choice.sleeps[r.replica] = (r.config.level, SleepReason.IDLE)
+            else:
+                choice.later.append(idle_at)
+        return ResidencyDecision(
+            tuple((rid, level, why) for rid, (level, why) in choice.sleeps.items()),
+            tuple(choice.wakes),
+            min(choice.later, default=None),
+        )
+
+
+def _idle_at(r: Resident) -> float | None:
+    """When ``r`` falls idle (``None``: it never does, or is not serving, or is busy)."""
+    if not r.config.on_demand or r.state is not Residency.SERVING or r.in_flight:
+        return None
+    return r.last_used + r.config.idle
+
+
+def _wanting(view: ResidencyView) -> list[str]:
+    """Pools with held requests and no replica serving or waking: most requests held
+    first, then by name (deterministic)."""
+    awake = {r.pool for r in view.residents if r.state in AWAKE}
+    pools = {r.pool for r in view.residents}
+    wanting = [
+        p for p in pools if p not in awake and (d := view.demand.get(p)) is not None and d.held
+    ]
+    return sorted(wanting, key=lambda p: (-view.demand[p].held, p))
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One slot's residents and the memory this decision has promised on it so far."""
+
+    residents: list[Resident] = field(default_factory=list)
+    promised: float = 0.0
+    """Memory of the wakes chosen here (sent now, or once evictions finish)."""
+    sent: float = 0.0
+    """Memory of the wakes sent now."""
+
+
+class _Choice:
+    """One decision's working sets: the sleeps and wakes chosen so far."""
+
+    def __init__(self, now: float, demand: Mapping[str, PoolDemand]) -> None:
+        self.now = now
+        self.demand = demand
+        self.sleeps: dict[ReplicaId, tuple[int, SleepReason]] = {}
+        self.wakes: list[ReplicaId] = []
+        self.later: list[float] = []
+
+    def _key(self, r: Resident) -> tuple[float, float, str]:
+        """Eviction order: least valuable first, then least recently used, then by name."""
+        return (value(r, self.demand.get(r.pool)), r.last_used, r.replica)
+
+    def _after(self, slot: _Slot) -> float:
+        """The slot's memory held once the sleeps chosen (now and before) are done."""
+        kept = sum(
+            r.memory for r in slot.residents if r.state in AWAKE and r.replica not in self.sleeps
+        )
+        return kept + slot.promised
+
+    def _evictable(self, slot: _Slot, *, hysteresis: bool) -> list[Resident]:
+        """Serving ``on_demand`` residents not chosen yet (``hysteresis``: awake for at
+        least ``min_awake``), least valuable first."""
+        out = [
+            r
+            for r in slot.residents
+            if r.state is Residency.SERVING
+            and r.config.on_demand
+            and r.replica not in self.sleeps
+            and (not hysteresis or self.now - r.since >= r.config.min_awake)
+        ]
+        return sorted(out, key=self._key)
+
+    def overcommit(self, slot: _Slot) -> None:
+        held = self._after(slot)
+        for r in self._evictable(slot, hysteresis=False):
+            if held <= 1.0 + _EPS:
+                return
+            self.sleeps[r.replica] = (r.config.level, SleepReason.OVERCOMMIT)
+            held -= r.memory
+
+    def _plan(self, waking: Resident, slot: _Slot) -> list[Resident] | None:
+        """The residents to evict so that ``waking`` fits once they sleep (``[]``: it fits,
+        or will once those draining sleep); ``None``: it cannot (the rest are ``always``, or
+        awake for less than ``min_awake``: when that ends goes to ``later``)."""
+        free = 1.0 - self._after(slot)
+        plan: list[Resident] = []
+        if waking.memory <= free + _EPS:
+            return plan
+        for r in self._evictable(slot, hysteresis=True):
+            plan.append(r)
+            free += r.memory
+            if waking.memory <= free + _EPS:
+                return plan
+        self.later.extend(
+            r.since + r.config.min_awake
+            for r in self._evictable(slot, hysteresis=False)
+            if self.now - r.since < r.config.min_awake
+        )
+        return None
+
+    def wake_one(self, pool: str, slots: Iterable[_Slot]) -> None:
+        """Wake one asleep replica of ``pool``: the one whose slot frees its memory at the
+        least value; evict what that needs; send the wake now if the memory is free."""
+        best: tuple[float, int, str, Resident, _Slot, list[Resident]] | None = None
+        for slot in slots:
+            for r in slot.residents:
+                if r.pool != pool or r.state not in ASLEEP:
+                    continue
+                plan = self._plan(r, slot)
+                if plan is None:
+                    continue
+                cost = sum(value(e, self.demand.get(e.pool)) for e in plan)
+                if best is None or (cost, len(plan), r.replica) < best[:3]:
+                    best = (cost, len(plan), r.replica, r, slot, plan)
+        if best is None:
+            return
+        *_, chosen, slot, plan = best
+        for e in plan:
+            self.sleeps[e.replica] = (e.config.level, SleepReason.EVICTED)
+        slot.promised += chosen.memory
+        held_now = sum(r.memory for r in slot.residents if r.state in HOLDS_MEMORY) + slot.sent
+        if held_now + chosen.memory <= 1.0 + _EPS:
+            slot.sent += chosen.memory
+            self.wakes.append(chosen.replica)
