@@ -6,7 +6,8 @@ fields. The pool controller (``gpufleet.control``) owns and drives them, the sam
 the gateway and the fleet simulator, which reach them only through it (``.importlinter``).
 
 * Routing: :func:`make_router` builds a :class:`Router` from a fleet file's ``routing``
-  entry (docs/design/routing.md).
+  entry (docs/design/routing.md); ``prefix_precise`` (:class:`PrecisePrefixRouter`) indexes
+  the engines' KV events in a :class:`KvBlockIndex` (docs/kv-events.md).
 * Health: :class:`HealthPolicy` (outlier detection, circuit breakers, active checks) and the
   N+1 check :func:`redundancy` (docs/design/health.md).
 * Autoscaling: :class:`AutoscalePolicy` sizes one model pool (reactive windows, a demand
@@ -53,7 +54,9 @@ from gpufleet.policy._config import (
     KVAwareConfig,
     LeastRequestConfig,
     OutlierConfig,
+    PrecisePrefixConfig,
     PrefixAwareConfig,
+    PrefixSettings,
     RoundRobinConfig,
     RouterConfig,
     SessionConfig,
@@ -65,6 +68,8 @@ from gpufleet.policy._health import (
     HealthPolicy,
     ReplicaHealth,
 )
+from gpufleet.policy._kv_index import FeedSnapshot, KvBlockIndex
+from gpufleet.policy._precise import PrecisePrefixRouter, PreciseSnapshot
 from gpufleet.policy._prefix import PrefixAwareRouter, PrefixIndex
 from gpufleet.policy._probe import ProbeState, ProbeStatus
 from gpufleet.policy._ranking import (
@@ -103,6 +108,7 @@ __all__ = [
     "EjectionCause",
     "EjectionRecord",
     "FairQueue",
+    "FeedSnapshot",
     "Forecast",
     "ForecastConfig",
     "HealthConfig",
@@ -110,15 +116,20 @@ __all__ = [
     "HealthPolicy",
     "KVAwareConfig",
     "KVAwareRouter",
+    "KvBlockIndex",
     "LeastRequestConfig",
     "LeastRequestRouter",
     "OutlierConfig",
     "PoolAdmission",
     "PoolGauge",
     "PoolView",
+    "PrecisePrefixConfig",
+    "PrecisePrefixRouter",
+    "PreciseSnapshot",
     "PrefixAwareConfig",
     "PrefixAwareRouter",
     "PrefixIndex",
+    "PrefixSettings",
     "ProbeState",
     "ProbeStatus",
     "Ranking",
