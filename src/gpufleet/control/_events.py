@@ -8,7 +8,9 @@ be recorded and replayed into a fresh controller, and its decisions compared lin
     shell ──► Replicas · Scraped · ProbeAnswered · Standbys          (what the runtime sees)
               Arrived · AttemptFailed · Finished · ClientGone · Tick  (requests and time)
               Weights                                   (a served name's variant weights)
+              KvEvents                     (an engine's KV-cache events: docs/kv-events.md)
     controller ──► Route · Reject · Fallback · Probe · Ejected · Scale  (what the shell does)
+                   KvResync                    (ask an engine's replay socket for a gap)
 
 A request's events name its *served* name (``Arrived``: what the client sent as ``model``)
 or its pool; the controller knows which pool a request is in (a variant, a fallback), and a
@@ -21,7 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
+from gpufleet.fleet import (
+    KvBatch,
+    KvCleared,
+    KvEvent,
+    KvRemoved,
+    KvStored,
+    Outcome,
+    ReplicaId,
+    ReplicaState,
+    RouteRequest,
+)
 from gpufleet.policy import (
     EjectionRecord,
     PoolView,
@@ -155,6 +167,21 @@ class Weights:
     weights: tuple[tuple[str, float], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class KvEvents:
+    """KV-cache event batches from ``replica``'s engine process ``incarnation`` (as
+    :class:`ReplicaSeen` names it), in the order received. ``replay``: the answer to a
+    :class:`KvResync` (every batch the engine's replay buffer had from the asked seq on;
+    empty when it had none, or could not be asked). A batch of another incarnation than the
+    replica's current one is dropped: it is the old process's."""
+
+    model: str
+    replica: ReplicaId
+    incarnation: str | None
+    batches: tuple[KvBatch, ...]
+    replay: bool = False
+
+
 Event = (
     Replicas
     | Scraped
@@ -166,6 +193,7 @@ Event = (
     | ClientGone
     | Tick
     | Weights
+    | KvEvents
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -269,12 +297,22 @@ class Scale:
     view: PoolView
 
 
-Command = Route | Reject | Fallback | Probe | Ejected | Scale
+@dataclass(frozen=True, slots=True)
+class KvResync:
+    """``replica``'s KV events have a gap: ask its engine's replay socket for every batch
+    from ``from_seq`` on, and report them as ``KvEvents(replay=True)``."""
+
+    model: str
+    replica: ReplicaId
+    from_seq: int
+
+
+Command = Route | Reject | Fallback | Probe | Ejected | Scale | KvResync
 
 # -- JSON -------------------------------------------------------------------------------------
 
 
-def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
+def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - one match
     """The event as a JSON-ready dict (``kind`` names its class)."""
     match event:
         case Replicas(model=model, replicas=replicas):
@@ -330,7 +368,57 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911 - one match
             return {"kind": "tick"}
         case Weights(model=model, weights=weights):
             return {"kind": "weights", "model": model, "weights": [list(w) for w in weights]}
+        case KvEvents():
+            return _kv_events_json(event)
     raise TypeError(f"not an event: {event!r}")
+
+
+def _kv_events_json(event: KvEvents) -> dict[str, Any]:
+    batches = [[b.seq, [_kv_event_json(e) for e in b.events]] for b in event.batches]
+    line: dict[str, Any] = {
+        "kind": "kv",
+        "model": event.model,
+        "replica": event.replica,
+        "incarnation": event.incarnation,
+        "batches": batches,
+    }
+    if event.replay:  # absent: a live delivery
+        line["replay"] = True
+    return line
+
+
+def _kv_event_json(event: KvEvent) -> list[Any]:
+    match event:
+        case KvStored(hashes=hashes):
+            return ["s", list(hashes)]
+        case KvRemoved(hashes=hashes):
+            return ["r", list(hashes)]
+    return ["c"]
+
+
+def _kv_event(row: list[Any]) -> KvEvent:
+    match row:
+        case ["s", hashes]:
+            return KvStored(tuple(int(h) for h in hashes))
+        case ["r", hashes]:
+            return KvRemoved(tuple(int(h) for h in hashes))
+        case ["c"]:
+            return KvCleared()
+    raise ValueError(f"not a KV event: {row!r}")
+
+
+def _kv_events(d: dict[str, Any]) -> KvEvents:
+    batches = tuple(
+        KvBatch(int(seq), tuple(_kv_event(e) for e in events)) for seq, events in d["batches"]
+    )
+    incarnation = d["incarnation"]
+    return KvEvents(
+        str(d["model"]),
+        ReplicaId(d["replica"]),
+        None if incarnation is None else str(incarnation),
+        batches,
+        bool(d.get("replay", False)),
+    )
 
 
 def event_from_json(data: dict[str, Any]) -> Event:
@@ -390,10 +478,11 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
     "weights": lambda d: Weights(
         str(d["model"]), tuple((str(p), float(w)) for p, w in d["weights"])
     ),
+    "kv": _kv_events,
 }
 
 
-def command_to_json(command: Command) -> dict[str, Any]:
+def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911 - one match
     """The command as a JSON-ready dict: the decision log's line."""
     match command:
         case Route(request_id=rid, replica=replica, retry=retry, resume=resume, model=model):
@@ -432,4 +521,6 @@ def command_to_json(command: Command) -> dict[str, Any]:
             }
         case Scale(decision=decision, view=view):
             return {"do": "scale", **decision_record(decision, view)}
+        case KvResync(model=model, replica=replica, from_seq=from_seq):
+            return {"do": "kv_resync", "model": model, "replica": replica, "from": from_seq}
     raise TypeError(f"not a command: {command!r}")
