@@ -40,6 +40,7 @@ from gpufleet.control import (
     Fallback,
     Finished,
     FleetController,
+    KvResync,
     PoolController,
     Probe,
     ProbeAnswered,
@@ -57,6 +58,7 @@ from gpufleet.control import (
 from gpufleet.fleet import FleetView, Outcome, ReplicaId, RouteRequest
 from gpufleet.gateway._autoscale import ScaleExecutor
 from gpufleet.gateway._errors import GatewayError, NoReplicaError, UpstreamError
+from gpufleet.gateway._kv_events import KvFeeds
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import Upstream
 from gpufleet.gateway._scrape import parse_engine_metrics
@@ -115,6 +117,16 @@ class LiveControl:
         self._client: ReplicaClient | None = None
         self._record: IO[str] | None = None
         self._flushed = 0.0
+        self._kv_pools = frozenset(n for n, p in self.pools.items() if p.settings.kv_events)
+        """Pools whose router reads KV events (their engines are subscribed to)."""
+        self._kv_names = {
+            name: pool
+            for name, served in self.control.served.items()
+            for pool in [next((p for p, _ in served.variants if p in self._kv_pools), None)]
+            if pool is not None
+        }
+        self.kv_feeds = KvFeeds(self.handle)
+        """One subscription per engine that publishes KV events (docs/kv-events.md)."""
 
     # -- life -----------------------------------------------------------------------------
 
@@ -122,12 +134,15 @@ class LiveControl:
         """Probes and scrapes from now on run in ``tasks`` over ``client``."""
         self._tasks, self._client = tasks, client
         self._arm(self._clock(), self.control.next_wakeup())
+        if self._kv_pools:
+            self.kv_feeds.start(tasks)
 
     def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._timer, self._timer_at = None, math.inf
         self._tasks = None
+        self.kv_feeds.stop()
         if self._record is not None:
             self._record.flush()
 
@@ -185,6 +200,8 @@ class LiveControl:
         elif isinstance(command, Fallback):
             metrics = self.metrics
             metrics.child(metrics.fallbacks, command.model, command.to, command.reason).inc()
+        elif isinstance(command, KvResync):
+            self.kv_feeds.resync(command, self.upstreams.get(command.replica))
 
     def _show(self, model: str, pool: PoolController) -> None:
         """Show the pool's view (and its held requests) where they changed."""
@@ -320,6 +337,11 @@ class LiveControl:
         reach routes by prefix)."""
         return self.control.served[name].hashes
 
+    def kv_pool(self, name: str) -> str | None:
+        """The pool whose engines' block hashes a request to served name ``name`` needs
+        (its first variant that reads KV events), or ``None``: none does."""
+        return self._kv_names.get(name)
+
     def refusal(self, model: str, reject: Reject, last: UpstreamError | None) -> GatewayError:
         """The error a Reject answers with (503 with ``Retry-After``); ``model``: the name
         the client sent (the pool it was last in is ``reject.model``, if another)."""
@@ -365,6 +387,10 @@ class LiveControl:
             if self._seen.get(model) != seen:
                 self._seen[model] = seen
                 self.handle(Replicas(model, seen))
+        if self._kv_pools:  # after the controller knows each process (its incarnation)
+            self.kv_feeds.update(
+                {n: (u.model, u) for n, u in fresh.items() if u.model in self._kv_pools}
+            )
         for replica in gone:
             self.views.forget(replica.name)
             # its other series and cached children (queue, KV, attempts, in flight)
