@@ -1,0 +1,119 @@
+"""Precise prefix routing over real sim engines' KV events (loopback HTTP and ZMQ).
+
+Two gateways route to the same two engines, whose small KV caches evict: the shared-engine
+case, where each gateway's approximate index sees only its own half of the traffic. A
+prompt's cached share comes from the engine itself (``usage.prompt_tokens_details``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from gpufleet.engine.server import SimBlockHasher, SimEngineConfig, create_app
+from gpufleet.fleet import ReplicaId
+from gpufleet.gateway import StaticReplicas, Upstream, create_gateway
+from tests.gateway.conftest import FAST, MODEL, fleet, serve_app
+
+ENGINE = SimEngineConfig(
+    time_scale=FAST,
+    max_model_len=2048,
+    num_gpu_blocks_override=128,  # 2,048 tokens: the families below do not all fit
+    kv_events={
+        "enable_kv_cache_events": True,
+        "endpoint": "tcp://127.0.0.1:0",
+        "replay_endpoint": "tcp://127.0.0.1:0",
+    },
+)
+HASHER = SimBlockHasher(ENGINE)
+
+
+@contextmanager
+def engines(n: int) -> Iterator[list[Upstream]]:
+    with ExitStack() as stack:
+        upstreams = []
+        for i in range(n):
+            app = create_app(ENGINE)
+            url = stack.enter_context(serve_app(app))
+            kv = app.state.engine.kv_events
+            upstreams.append(
+                Upstream(
+                    ReplicaId(f"{MODEL}-{i}"),
+                    MODEL,
+                    url,
+                    kv_events=kv.endpoint,
+                    kv_replay=kv.replay_endpoint,
+                )
+            )
+        yield upstreams
+
+
+@contextmanager
+def gateway(policy: str, upstreams: list[Upstream]) -> Iterator[tuple[str, Any]]:
+    config = fleet(replicas=len(upstreams), routing={"policy": policy})
+    app = create_gateway(
+        config,
+        StaticReplicas(upstreams),
+        CollectorRegistry(),
+        kv_hasher=lambda pool, body: HASHER(body),
+    )
+    with serve_app(app) as url:
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/ready").status_code != 200:
+            assert time.monotonic() < deadline, "gateway not ready"
+            time.sleep(0.02)
+        yield url, app
+
+
+def _prompt(family: int, i: int) -> str:
+    shared = " ".join(f"f{family}w{k}" for k in range(240))  # 15 blocks
+    return shared + " " + " ".join(f"q{i}u{k}" for k in range(40))
+
+
+def _run(policy: str, seed: int = 3) -> tuple[float, list[Any]]:
+    """The cached share of 80 prompts over 12 families, sent one at a time through two
+    gateways chosen at random; and the gateways' apps."""
+    rng = random.Random(seed)
+    cached = total = 0
+    with (
+        engines(2) as upstreams,
+        gateway(policy, upstreams) as (a, app_a),
+        gateway(policy, upstreams) as (b, app_b),
+        httpx.Client(timeout=30) as client,
+    ):
+        time.sleep(0.3)  # the subscriptions reach the publishers (a lost start is replayed)
+        for i in range(80):
+            url = rng.choice((a, b))
+            body = {
+                "model": MODEL,
+                "prompt": _prompt(rng.randrange(12), i),
+                "max_tokens": 4,
+                "ignore_eos": True,
+            }
+            answer = client.post(url + "/v1/completions", json=body)
+            assert answer.status_code == 200, answer.text
+            usage = answer.json()["usage"]
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+            total += usage["prompt_tokens"]
+            time.sleep(0.02)  # the engine's events reach both gateways
+        apps = [app_a, app_b]
+    return cached / total, apps
+
+
+def test_precise_routing_beats_approximate_with_two_gateways_and_evicting_engines() -> None:
+    approximate, _ = _run("prefix_aware")
+    precise, apps = _run("prefix_precise")
+    for app in apps:
+        router = app.control.pools[MODEL].router
+        feeds = router.snapshot().feeds
+        assert len(feeds) == 2  # both engines' events reached this gateway
+        assert all(f.applied > 0 and f.resync_from is None for f in feeds.values())
+        assert app.control.kv_feeds.batches > 0
+        router.check()
+    assert precise > approximate + 0.05, (precise, approximate)
