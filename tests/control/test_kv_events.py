@@ -120,6 +120,8 @@ def test_kv_events_record_and_replay_to_the_same_commands() -> None:
     assert kinds.count("kv") == 4
     event = kv(R0, "a", KvBatch(3, (KvStored((1, 2)), KvRemoved((3,)), KvCleared())), replay=True)
     assert event_from_json(json.loads(json.dumps(event_to_json(event)))) == event
+    arrived = Arrived(RouteRequest("q", POOL, (5,), 64, block_hashes=PROMPT))
+    assert event_from_json(json.loads(json.dumps(event_to_json(arrived)))) == arrived
     head, body = read_recording(io.StringIO(out.getvalue()))
     replayed = list(replay(head, body))
     assert len(replayed) == len(lines) - 1

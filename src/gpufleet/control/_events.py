@@ -345,6 +345,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
                 line["resumable"] = True
             if r.max_tokens is not None:  # absent: not said (and recordings made before)
                 line["max_tokens"] = r.max_tokens
+            if r.block_hashes:  # absent: none (no KV-event routing, recordings made before)
+                line["blocks"] = list(r.block_hashes)
             return line
         case AttemptFailed(model=model, request_id=rid, outcome=outcome, streamed=streamed):
             return {
@@ -438,6 +440,7 @@ def _arrived(d: dict[str, Any]) -> Arrived:
         session_key=d["session"],
         tenant=d["tenant"],
         max_tokens=None if d.get("max_tokens") is None else int(d["max_tokens"]),
+        block_hashes=tuple(int(h) for h in d.get("blocks", ())),
     )
     deadline = d["deadline"]
     return Arrived(
