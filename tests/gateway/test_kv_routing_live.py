@@ -7,6 +7,7 @@ prompt's cached share comes from the engine itself (``usage.prompt_tokens_detail
 
 from __future__ import annotations
 
+import io
 import random
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 
+from gpufleet.control import KvEvents, read_recording, replay
 from gpufleet.engine.server import SimBlockHasher, SimEngineConfig, create_app
 from gpufleet.fleet import ReplicaId
 from gpufleet.gateway import StaticReplicas, Upstream, create_gateway
@@ -55,13 +57,16 @@ def engines(n: int) -> Iterator[list[Upstream]]:
 
 
 @contextmanager
-def gateway(policy: str, upstreams: list[Upstream]) -> Iterator[tuple[str, Any]]:
+def gateway(
+    policy: str, upstreams: list[Upstream], record: io.StringIO | None = None
+) -> Iterator[tuple[str, Any]]:
     config = fleet(replicas=len(upstreams), routing={"policy": policy})
     app = create_gateway(
         config,
         StaticReplicas(upstreams),
         CollectorRegistry(),
         kv_hasher=lambda pool, body: HASHER(body),
+        record=record,
     )
     with serve_app(app) as url:
         deadline = time.monotonic() + 10
@@ -76,14 +81,15 @@ def _prompt(family: int, i: int) -> str:
     return shared + " " + " ".join(f"q{i}u{k}" for k in range(40))
 
 
-def _run(policy: str, seed: int = 3) -> tuple[float, list[Any]]:
+def _run(policy: str, seed: int = 3, record: io.StringIO | None = None) -> tuple[float, list[Any]]:
     """The cached share of 80 prompts over 12 families, sent one at a time through two
-    gateways chosen at random; and the gateways' apps."""
+    gateways chosen at random (the first records its control events to ``record``); and the
+    gateways' apps."""
     rng = random.Random(seed)
     cached = total = 0
     with (
         engines(2) as upstreams,
-        gateway(policy, upstreams) as (a, app_a),
+        gateway(policy, upstreams, record) as (a, app_a),
         gateway(policy, upstreams) as (b, app_b),
         httpx.Client(timeout=30) as client,
     ):
@@ -108,7 +114,8 @@ def _run(policy: str, seed: int = 3) -> tuple[float, list[Any]]:
 
 def test_precise_routing_beats_approximate_with_two_gateways_and_evicting_engines() -> None:
     approximate, _ = _run("prefix_aware")
-    precise, apps = _run("prefix_precise")
+    recording = io.StringIO()
+    precise, apps = _run("prefix_precise", record=recording)
     for app in apps:
         router = app.control.pools[MODEL].router
         feeds = router.snapshot().feeds
@@ -117,3 +124,8 @@ def test_precise_routing_beats_approximate_with_two_gateways_and_evicting_engine
         assert app.control.kv_feeds.batches > 0
         router.check()
     assert precise > approximate + 0.05, (precise, approximate)
+    # the first gateway's recording (its engines' batches included) replays exactly
+    head, body = read_recording(io.StringIO(recording.getvalue()))
+    lines = list(replay(head, body))
+    assert sum(isinstance(r.event, KvEvents) for r, _ in lines) > 20
+    assert all(recorded.commands == again for recorded, again in lines)
