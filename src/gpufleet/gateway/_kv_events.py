@@ -142,7 +142,9 @@ class KvFeeds:
         self._running.clear()
         self._tasks = None
         if self._context is not None:
-            self._context.term()  # every socket is closed by its task's cancellation
+            # close what the cancelled tasks have not closed yet (term() alone would wait
+            # for them: a cancelled task's ``finally`` runs only after this returns)
+            self._context.destroy(linger=0)
             self._context = None
 
     def update(self, upstreams: Mapping[ReplicaId, tuple[str, Upstream]]) -> None:
