@@ -12,12 +12,14 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
 
 from gpufleet.control import KvEvents, read_recording, replay
+from gpufleet.engine.model import external_hash
 from gpufleet.engine.server import SimBlockHasher, SimEngineConfig, create_app
 from gpufleet.fleet import ReplicaId
 from gpufleet.gateway import StaticReplicas, Upstream, create_gateway
@@ -37,11 +39,12 @@ HASHER = SimBlockHasher(ENGINE)
 
 
 @contextmanager
-def engines(n: int) -> Iterator[list[Upstream]]:
+def engines(n: int) -> Iterator[tuple[list[Upstream], list[Any]]]:
     with ExitStack() as stack:
-        upstreams = []
+        upstreams, apps = [], []
         for i in range(n):
             app = create_app(ENGINE)
+            apps.append(app)
             url = stack.enter_context(serve_app(app))
             kv = app.state.engine.kv_events
             upstreams.append(
@@ -53,7 +56,17 @@ def engines(n: int) -> Iterator[list[Upstream]]:
                     kv_replay=kv.replay_endpoint,
                 )
             )
-        yield upstreams
+        yield upstreams, apps
+
+
+def _held(app: Any, hashes: tuple[int, ...]) -> int:
+    """Leading blocks of ``hashes`` the (idle) engine has cached now."""
+    cached = {external_hash(h) for h in app.state.engine.model._kv.pool._cached}
+    return next((i for i, h in enumerate(hashes) if h not in cached), len(hashes))
+
+
+def _queries(app: Any) -> int:
+    return int(app.state.engine.model.stats().prefix_cache_queries)
 
 
 @contextmanager
@@ -81,14 +94,21 @@ def _prompt(family: int, i: int) -> str:
     return shared + " " + " ".join(f"q{i}u{k}" for k in range(40))
 
 
-def _run(policy: str, seed: int = 3, record: io.StringIO | None = None) -> tuple[float, list[Any]]:
-    """The cached share of 80 prompts over 12 families, sent one at a time through two
-    gateways chosen at random (the first records its control events to ``record``); and the
-    gateways' apps."""
+@dataclass
+class Run:
+    hit_rate: float
+    missed: int
+    """Requests sent to an engine holding fewer of their leading blocks than another did."""
+    apps: list[Any]
+
+
+def _run(policy: str, seed: int = 3, record: io.StringIO | None = None, *, two: bool = True) -> Run:
+    """80 prompts over 12 families, sent one at a time through two gateways chosen at random
+    (``two=False``: the first only; it records its control events to ``record``)."""
     rng = random.Random(seed)
-    cached = total = 0
+    cached = total = missed = 0
     with (
-        engines(2) as upstreams,
+        engines(2) as (upstreams, engine_apps),
         gateway(policy, upstreams, record) as (a, app_a),
         gateway(policy, upstreams) as (b, app_b),
         httpx.Client(timeout=30) as client,
@@ -102,28 +122,36 @@ def _run(policy: str, seed: int = 3, record: io.StringIO | None = None) -> tuple
                 "max_tokens": 4,
                 "ignore_eos": True,
             }
-            answer = client.post(url + "/v1/completions", json=body)
+            held = [_held(e, HASHER(body)) for e in engine_apps]
+            before = [_queries(e) for e in engine_apps]
+            answer = client.post((url if two else a) + "/v1/completions", json=body)
             assert answer.status_code == 200, answer.text
+            served = [_queries(e) != q for e, q in zip(engine_apps, before, strict=True)]
+            missed += held[served.index(True)] < max(held)
             usage = answer.json()["usage"]
             cached += usage["prompt_tokens_details"]["cached_tokens"]
             total += usage["prompt_tokens"]
             time.sleep(0.02)  # the engine's events reach both gateways
         apps = [app_a, app_b]
-    return cached / total, apps
+    return Run(cached / total, missed, apps)
 
 
 def test_precise_routing_beats_approximate_with_two_gateways_and_evicting_engines() -> None:
-    approximate, _ = _run("prefix_aware")
+    approximate = _run("prefix_aware")
     recording = io.StringIO()
-    precise, apps = _run("prefix_precise", record=recording)
-    for app in apps:
+    precise = _run("prefix_precise", record=recording)
+    for app in precise.apps:
         router = app.control.pools[MODEL].router
         feeds = router.snapshot().feeds
         assert len(feeds) == 2  # both engines' events reached this gateway
         assert all(f.applied > 0 and f.resync_from is None for f in feeds.values())
         assert app.control.kv_feeds.batches > 0
         router.check()
-    assert precise > approximate + 0.05, (precise, approximate)
+    # every request went to an engine holding the longest prefix any engine held; the
+    # approximate index, seeing half the traffic, sent some elsewhere
+    assert precise.missed == 0
+    assert approximate.missed >= 3, approximate.missed
+    assert precise.hit_rate > approximate.hit_rate + 0.05, (precise, approximate)
     # the first gateway's recording (its engines' batches included) replays exactly
     head, body = read_recording(io.StringIO(recording.getvalue()))
     lines = list(replay(head, body))

@@ -63,27 +63,35 @@ def test_the_memory_bound_drops_the_oldest_stored_blocks() -> None:
 def test_the_index_is_the_engines_cache_within_its_bound(
     ops: list[tuple[str, list[int]]], capacity: int
 ) -> None:
-    """Applied in order, the events leave exactly the engine's cached set (its newest
-    ``capacity`` blocks), and the structures agree."""
+    """Applied in order, the events leave a subset of the engine's cached set: all of it
+    while it fits, else what the bound kept (the most recently stored), and the structures
+    agree."""
     index = _index(capacity)
-    engine: dict[int, None] = {}
+    engine: set[int] = set()
+    bounded: dict[int, None] = {}  # the bound's own model: store order, oldest dropped
     for seq, (kind, hashes) in enumerate(ops):
         if kind == "s":
             event: KvStored | KvRemoved | KvCleared = KvStored(tuple(hashes))
+            engine.update(hashes)
             for h in hashes:
-                engine.pop(h, None)
-                engine[h] = None
+                bounded.pop(h, None)
+                bounded[h] = None
+            while len(bounded) > capacity:
+                del bounded[next(iter(bounded))]
         elif kind == "r":
             event = KvRemoved(tuple(hashes))
+            engine.difference_update(hashes)
             for h in hashes:
-                engine.pop(h, None)
+                bounded.pop(h, None)
         else:
             event = KvCleared()
             engine.clear()
+            bounded.clear()
         index.apply(float(seq), rid(0), "a", [KvBatch(seq, (event,))])
         index.check()
-    newest = set(list(engine)[-capacity:])
-    assert {h for h in range(31) if index.holds(rid(0), h)} == newest
+        held = {h for h in range(31) if index.holds(rid(0), h)}
+        assert held == set(bounded)
+        assert held <= engine
 
 
 # -- sequence numbers: gaps, replays, restarts ------------------------------------------------
@@ -250,3 +258,52 @@ def test_a_restart_seen_by_the_controller_stops_routing_to_old_prefixes() -> Non
     ranking = router.rank(0.1, _request(2, prompt), view)
     assert ranking.matched_blocks == {}
     router.check()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["s", "s", "r", "c"]),
+            st.lists(st.integers(0, 20), min_size=1, max_size=4),
+            st.booleans(),  # the batch is lost on the way
+        ),
+        max_size=40,
+    ),
+    st.integers(0, 6),
+)
+def test_lost_batches_never_leave_a_ghost(
+    ops: list[tuple[str, list[int], bool]], buffered: int
+) -> None:
+    """Batches lost on the way, a replay buffer of ``buffered`` batches: once every gap is
+    resolved, the index holds nothing the engine dropped, and all of it when the replay
+    could fill every gap."""
+    index = _index()
+    engine: set[int] = set()
+    sent: list[KvBatch] = []
+    filled = True
+    for seq, (kind, hashes, lost) in enumerate(ops):
+        if kind == "s":
+            event: KvStored | KvRemoved | KvCleared = KvStored(tuple(hashes))
+            engine.update(hashes)
+        elif kind == "r":
+            event = KvRemoved(tuple(hashes))
+            engine.difference_update(hashes)
+        else:
+            event = KvCleared()
+            engine.clear()
+        batch = KvBatch(seq, (event,))
+        sent.append(batch)
+        if lost:
+            continue
+        ask = index.apply(float(seq), rid(0), "a", [batch])
+        if ask is not None:  # the replay socket answers from its buffer at once
+            kept = sent[-buffered:] if buffered else []
+            answer = [b for b in kept if b.seq >= ask]
+            filled = filled and bool(answer) and answer[0].seq == ask
+            index.apply(float(seq), rid(0), "a", answer, replay=True)
+        index.check()
+        held = {h for h in range(21) if index.holds(rid(0), h)}
+        assert held <= engine  # no ghosts, ever, once the batch is in
+        if filled:  # every gap so far was replayed in full: the index is the engine's cache
+            assert held == engine
