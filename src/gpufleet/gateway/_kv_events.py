@@ -113,6 +113,11 @@ def _frames(frames: list[bytes]) -> KvBatch | None:
         return None
 
 
+def _process(upstream: Upstream) -> tuple[str | None, str | None, str | None]:
+    """What names an engine process's feed: its address and its two endpoints."""
+    return upstream.url, upstream.kv_events, upstream.kv_replay
+
+
 class KvFeeds:
     """One SUB task per replica process that advertises KV events, in the app's task group.
 
@@ -127,6 +132,7 @@ class KvFeeds:
         self._context: zmq.asyncio.Context | None = None
         self._tasks: asyncio.TaskGroup | None = None
         self._wanted: dict[ReplicaId, tuple[str, Upstream]] = {}
+        """By name: the pool and the upstream to subscribe to."""
         self._running: dict[ReplicaId, tuple[Upstream, asyncio.Task[None]]] = {}
         self.batches = 0
         """Batches received live (for tests and the console)."""
@@ -160,8 +166,8 @@ class KvFeeds:
         for name in list(self._running):
             upstream, task = self._running[name]
             wanted = self._wanted.get(name)
-            if wanted is None or wanted[1] != upstream:
-                task.cancel()
+            if wanted is None or _process(wanted[1]) != _process(upstream):
+                task.cancel()  # gone, or another process (a state change is not)
                 del self._running[name]
         for name, (model, upstream) in self._wanted.items():
             if name not in self._running and upstream.kv_events is not None:
