@@ -125,7 +125,8 @@ class LiveControl:
             for pool in [next((p for p, _ in served.variants if p in self._kv_pools), None)]
             if pool is not None
         }
-        self.kv_feeds = KvFeeds(self.handle)
+        # a batch changes its pool's router only: the cheap path of a request's event
+        self.kv_feeds = KvFeeds(lambda event: self.handle(event, request=True))
         """One subscription per engine that publishes KV events (docs/kv-events.md)."""
 
     # -- life -----------------------------------------------------------------------------
