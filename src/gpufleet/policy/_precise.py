@@ -29,15 +29,20 @@ from types import MappingProxyType
 from gpufleet.fleet import FleetView, KvBatch, Outcome, ReplicaId, RouteRequest
 from gpufleet.policy._config import PrecisePrefixConfig
 from gpufleet.policy._kv_index import FeedSnapshot, KvBlockIndex
-from gpufleet.policy._prefix import PrefixAwareRouter, PrefixSnapshot
-from gpufleet.policy._ranking import CandidateFilter
+from gpufleet.policy._prefix import PrefixAwareRouter
+from gpufleet.policy._ranking import CandidateFilter, LoadSnapshot
 
 
 @dataclass(frozen=True, slots=True)
 class PreciseSnapshot:
-    approximate: PrefixSnapshot
+    index_sizes: Mapping[ReplicaId, int]
+    """The approximate fallback's blocks per replica."""
+    indexed_hashes: int
+    load: LoadSnapshot
     feeds: Mapping[ReplicaId, FeedSnapshot]
+    """Each replica's KV-event feed and the blocks its engine reports cached."""
     resyncs: int
+    """Replays asked for (gaps seen)."""
 
 
 class PrecisePrefixRouter(PrefixAwareRouter):
@@ -110,8 +115,13 @@ class PrecisePrefixRouter(PrefixAwareRouter):
         self.kv.ended(replica, request.block_hashes)
 
     def snapshot(self) -> PreciseSnapshot:  # type: ignore[override]
+        approximate = super().snapshot()
         return PreciseSnapshot(
-            super().snapshot(), MappingProxyType(self.kv.feeds()), self.kv.resyncs
+            approximate.index_sizes,
+            approximate.indexed_hashes,
+            approximate.load,
+            MappingProxyType(self.kv.feeds()),
+            self.kv.resyncs,
         )
 
     def check(self) -> None:
