@@ -27,6 +27,10 @@ runner = CliRunner()
         (["--max-num-seqs", "0"], "--max-num-seqs"),
         (["--block-size=x"], "--block-size 'x' is not an integer"),
         (["--enforce-eager"], "no such option: --enforce-eager"),
+        (["--kv-events-config", "{oops"], "--kv-events-config is not JSON"),
+        (["--kv-events-config", "[1]"], "--kv-events-config must be a JSON object"),
+        (["--kv-events-config", '{"enable_kv_cache_events": 1, "hwm": -1}'], "hwm"),
+        (["--kv-events-config", '{"publisher": "kafka"}'], "publisher"),
         (["--ssl-certfile", "server.pem"], "--ssl-certfile and --ssl-keyfile go together"),
         (
             ["--ssl-certfile", "/no/server.pem", "--ssl-keyfile", "/no/server.key"],

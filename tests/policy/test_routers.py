@@ -15,6 +15,7 @@ from gpufleet.policy import (
     KVAwareConfig,
     KVAwareRouter,
     LeastRequestRouter,
+    PrecisePrefixRouter,
     PrefixAwareRouter,
     RoundRobinRouter,
     RoutableFilter,
@@ -78,6 +79,7 @@ def test_registry_builds_each_policy() -> None:
         "least_request": LeastRequestRouter,
         "kv_aware": KVAwareRouter,
         "prefix_aware": PrefixAwareRouter,
+        "prefix_precise": PrecisePrefixRouter,
         "session": SessionRouter,
     }
     assert set(kinds) == set(ROUTER_POLICIES)

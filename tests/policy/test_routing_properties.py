@@ -72,7 +72,7 @@ class RouterMachine(RuleBasedStateMachine):
         self.rng = random.Random(seed)
         register_random(self.rng)
         settings_ = {"policy": self.policy, "panic_threshold": PANIC}
-        if self.policy == "prefix_aware":
+        if self.policy in {"prefix_aware", "prefix_precise"}:  # no feed: precise's fallback
             settings_ |= {"index_blocks": 5, "balance_abs": 1.0}
         self.router = make_router(settings_, self.rng)
         self.states = [ReplicaState.READY] * size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import socket
@@ -63,9 +64,23 @@ def engine_config(ctx: typer.Context) -> SimEngineConfig:
             "enable_sleep_mode": options["enable_sleep_mode"],
             "dev_mode": os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip().lower()
             in ("1", "true"),
+            "kv_events": _kv_events_config(options["kv_events_config"]),
             **profile.settings(),
         }
     )
+
+
+def _kv_events_config(text: str | None) -> dict[str, object]:
+    """``--kv-events-config``: vLLM's JSON object (``{}`` when not given)."""
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"--kv-events-config is not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError("--kv-events-config must be a JSON object")
+    return data
 
 
 @app.command(
@@ -116,6 +131,14 @@ def sim(
     ssl_keyfile: Annotated[
         str | None, typer.Option(help="The PEM private key of --ssl-certfile.")
     ] = None,
+    kv_events_config: Annotated[
+        str | None,
+        typer.Option(
+            help="Publish KV-cache events as vLLM does: its JSON object, e.g. "
+            '\'{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557", '
+            '"replay_endpoint": "tcp://127.0.0.1:5558"}\' (port 0: any free one).'
+        ),
+    ] = None,
 ) -> None:
     """Serve a simulated vLLM replica: OpenAI-compatible API, vLLM metrics, injectable faults.
 
@@ -141,10 +164,12 @@ def sim(
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     scheme = "http" if ssl_certfile is None else "https"
+    kv = sim_app.state.engine.kv_events
+    events = "" if kv is None else f", KV events on {kv.endpoint} replay {kv.replay_endpoint}"
     typer.echo(
         f"gpufleet sim engine: {config.name} on {config.gpu} (tp={config.tp}), "
         f"listening on {scheme}://{shown}:{bound_port}, time scale {config.time_scale:g} "
-        "(latencies in modelled seconds)",
+        f"(latencies in modelled seconds){events}",
     )
     server = uvicorn.Server(
         uvicorn.Config(

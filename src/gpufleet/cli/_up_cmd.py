@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Annotated, Protocol
+from typing import IO, Annotated, Any, Protocol
 
 import typer
 from prometheus_client import CollectorRegistry
@@ -47,6 +47,7 @@ from gpufleet.gateway import (
     Gateway,
     GatewayServer,
     Http11ReplicaClient,
+    KvHasher,
     ReplicaSource,
     ReplicaTLS,
     ScaleActuator,
@@ -58,6 +59,7 @@ from gpufleet.gateway import (
     no_spare_message,
     required_replicas,
 )
+from gpufleet.policy import PrecisePrefixConfig
 from gpufleet.runtime import (
     EngineKind,
     EngineSpec,
@@ -102,7 +104,13 @@ class RuntimeReplicas(ReplicaSource):
         def forward(snapshot: RuntimeSnapshot) -> None:
             listener(
                 [
-                    Upstream(r.name, r.model, r.url, r.state)
+                    Upstream(
+                        r.name,
+                        r.model,
+                        r.url,
+                        r.state,
+                        *(r.kv_events if r.kv_events is not None else (None, None)),
+                    )
                     for r in snapshot.replicas
                     if not r.standby
                 ]
@@ -162,6 +170,37 @@ class ClusterActuator(ScaleActuator):
         return ()
 
 
+def _routes_on_kv_events(model: ModelConfig) -> bool:
+    """A sim pool routed on KV events: its engines publish them (docs/kv-events.md)."""
+    return model.engine.value == EngineKind.SIM.value and isinstance(
+        model.routing, PrecisePrefixConfig
+    )
+
+
+def kv_hasher(config: FleetConfig, seed: int) -> KvHasher | None:
+    """``(pool, body) -> engine block hashes`` for the pools ``pool_spec`` makes publish KV
+    events (sim engines: their tokenizer, chat template and block size); ``None``: none."""
+    from gpufleet.engine.server import SimBlockHasher, SimEngineConfig  # noqa: PLC0415 - ZMQ
+
+    hashers = {
+        m.name: SimBlockHasher(
+            SimEngineConfig(
+                model=m.served_model, gpu=m.gpu, block_size=m.profile(seed).block_size or 16
+            )
+        )
+        for m in config.models
+        if _routes_on_kv_events(m)
+    }
+    if not hashers:
+        return None
+
+    def hasher(pool: str, body: dict[str, Any]) -> tuple[int, ...]:
+        found = hashers.get(pool)
+        return () if found is None else found(body)
+
+    return hasher
+
+
 def pool_spec(model: ModelConfig, seed: int) -> PoolSpec:
     """The runtime's pool for one model of the fleet file: its engine flags are the model's
     profile on the fleet's ``seed`` (``gateway.seed``); a new replica waits
@@ -178,6 +217,7 @@ def pool_spec(model: ModelConfig, seed: int) -> PoolSpec:
         env=model.engine_env,
         endpoints=model.endpoints,
         ca_file=model.ca_file,
+        kv_events=_routes_on_kv_events(model),
     )
     prewarm = model.autoscale.prewarm if model.autoscale is not None else 0
     return PoolSpec(
@@ -416,6 +456,7 @@ async def _serve(
                 record=serving.record,
                 actions=RuntimeActuator(runtime),  # operators' drains (the console)
                 store=open_batch_store(config, tenancy),
+                kv_hasher=kv_hasher(config, config.gateway.seed),
             )
             if serving.record is not None:
                 typer.echo(f"recording control events to {serving.record.name}")

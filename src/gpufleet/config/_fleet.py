@@ -768,7 +768,7 @@ def describe(error: pydantic.ValidationError) -> str:
 
 
 _UNION_TAGS: Final = frozenset(
-    {"round_robin", "least_request", "kv_aware", "prefix_aware", "session"}
+    {"round_robin", "least_request", "kv_aware", "prefix_aware", "prefix_precise", "session"}
 )
 
 

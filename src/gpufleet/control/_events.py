@@ -14,9 +14,11 @@ controller, and its decisions compared line by line::
               Weights                                   (a served name's variant weights)
               RolloutStart · RolloutAct · Latencies     (rollouts: docs/design/rollout.md)
               Resident                        (an engine fell asleep or woke: residency)
+              KvEvents                     (an engine's KV-cache events: docs/kv-events.md)
     controller ──► Route · Reject · Fallback · Probe · Ejected · Scale  (what the shell does)
                    RolloutStep                             (a rollout's decision)
                    Sleep · Wake                           (residency: _residency_events.py)
+                   KvResync                    (ask an engine's replay socket for a gap)
 
 A request's events name its *served* name (``Arrived``: what the client sent as ``model``)
 or its pool; the controller knows which pool a request is in (a variant, a fallback), and a
@@ -38,7 +40,17 @@ from gpufleet.control._residency_events import (
     sleep_to_json,
     wake_to_json,
 )
-from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
+from gpufleet.fleet import (
+    KvBatch,
+    KvCleared,
+    KvEvent,
+    KvRemoved,
+    KvStored,
+    Outcome,
+    ReplicaId,
+    ReplicaState,
+    RouteRequest,
+)
 from gpufleet.policy import (
     EjectionRecord,
     PoolView,
@@ -207,6 +219,21 @@ class Latencies:
     itl: tuple[float, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class KvEvents:
+    """KV-cache event batches from ``replica``'s engine process ``incarnation`` (as
+    :class:`ReplicaSeen` names it), in the order received. ``replay``: the answer to a
+    :class:`KvResync` (every batch the engine's replay buffer had from the asked seq on;
+    empty when it had none, or could not be asked). A batch of another incarnation than the
+    replica's current one is dropped: it is the old process's."""
+
+    model: str
+    replica: ReplicaId
+    incarnation: str | None
+    batches: tuple[KvBatch, ...]
+    replay: bool = False
+
+
 Event = (
     Replicas
     | Scraped
@@ -222,6 +249,7 @@ Event = (
     | RolloutAct
     | Latencies
     | Resident
+    | KvEvents
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -335,7 +363,19 @@ class RolloutStep:
     state: dict[str, Any]
 
 
-Command = Route | Reject | Fallback | Probe | Ejected | Scale | RolloutStep | Sleep | Wake
+@dataclass(frozen=True, slots=True)
+class KvResync:
+    """``replica``'s KV events have a gap: ask its engine's replay socket for every batch
+    from ``from_seq`` on, and report them as ``KvEvents(replay=True)``."""
+
+    model: str
+    replica: ReplicaId
+    from_seq: int
+
+
+Command = (
+    Route | Reject | Fallback | Probe | Ejected | Scale | RolloutStep | Sleep | Wake | KvResync
+)
 
 # -- JSON -------------------------------------------------------------------------------------
 
@@ -373,6 +413,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
                 line["resumable"] = True
             if r.max_tokens is not None:  # absent: not said (and recordings made before)
                 line["max_tokens"] = r.max_tokens
+            if r.block_hashes:  # absent: none (no KV-event routing, recordings made before)
+                line["blocks"] = list(r.block_hashes)
             return line
         case AttemptFailed(model=model, request_id=rid, outcome=outcome, streamed=streamed):
             return {
@@ -411,7 +453,57 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
             return {"kind": "latencies", "model": model, "ttft": list(ttft), "itl": list(itl)}
         case Resident():
             return resident_to_json(event)
+        case KvEvents():
+            return _kv_events_json(event)
     raise TypeError(f"not an event: {event!r}")
+
+
+def _kv_events_json(event: KvEvents) -> dict[str, Any]:
+    batches = [[b.seq, [_kv_event_json(e) for e in b.events]] for b in event.batches]
+    line: dict[str, Any] = {
+        "kind": "kv",
+        "model": event.model,
+        "replica": event.replica,
+        "incarnation": event.incarnation,
+        "batches": batches,
+    }
+    if event.replay:  # absent: a live delivery
+        line["replay"] = True
+    return line
+
+
+def _kv_event_json(event: KvEvent) -> list[Any]:
+    match event:
+        case KvStored(hashes=hashes):
+            return ["s", list(hashes)]
+        case KvRemoved(hashes=hashes):
+            return ["r", list(hashes)]
+    return ["c"]
+
+
+def _kv_event(row: list[Any]) -> KvEvent:
+    match row:
+        case ["s", hashes]:
+            return KvStored(tuple(int(h) for h in hashes))
+        case ["r", hashes]:
+            return KvRemoved(tuple(int(h) for h in hashes))
+        case ["c"]:
+            return KvCleared()
+    raise ValueError(f"not a KV event: {row!r}")
+
+
+def _kv_events(d: dict[str, Any]) -> KvEvents:
+    batches = tuple(
+        KvBatch(int(seq), tuple(_kv_event(e) for e in events)) for seq, events in d["batches"]
+    )
+    incarnation = d["incarnation"]
+    return KvEvents(
+        str(d["model"]),
+        ReplicaId(d["replica"]),
+        None if incarnation is None else str(incarnation),
+        batches,
+        bool(d.get("replay", False)),
+    )
 
 
 def event_from_json(data: dict[str, Any]) -> Event:
@@ -431,6 +523,7 @@ def _arrived(d: dict[str, Any]) -> Arrived:
         session_key=d["session"],
         tenant=d["tenant"],
         max_tokens=None if d.get("max_tokens") is None else int(d["max_tokens"]),
+        block_hashes=tuple(int(h) for h in d.get("blocks", ())),
     )
     deadline = d["deadline"]
     return Arrived(
@@ -488,10 +581,11 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
     "latencies": lambda d: Latencies(
         str(d["model"]), tuple(map(float, d["ttft"])), tuple(map(float, d["itl"]))
     ),
+    "kv": _kv_events,
 }
 
 
-def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911 - one match
+def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - one match
     """The command as a JSON-ready dict: the decision log's line."""
     match command:
         case Route(request_id=rid, replica=replica, retry=retry, resume=resume, model=model):
@@ -536,4 +630,6 @@ def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911 - one 
             return sleep_to_json(command)
         case Wake():
             return wake_to_json(command)
+        case KvResync(model=model, replica=replica, from_seq=from_seq):
+            return {"do": "kv_resync", "model": model, "replica": replica, "from": from_seq}
     raise TypeError(f"not a command: {command!r}")

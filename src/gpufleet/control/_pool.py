@@ -47,6 +47,8 @@ from gpufleet.control._events import (
     Ejected,
     Event,
     Finished,
+    KvEvents,
+    KvResync,
     Probe,
     ProbeAnswered,
     Reject,
@@ -78,6 +80,7 @@ from gpufleet.policy import (
     HealthPolicy,
     PoolAdmission,
     PoolView,
+    PrecisePrefixRouter,
     Router,
     ScaleDecision,
     Standby,
@@ -171,6 +174,8 @@ class PoolController:
         self.model = settings.model
         seed, i = settings.seed, settings.index
         self.router: Router = make_router(settings.routing, Random(seed * 1000 + 2 * i))
+        self._kv = self.router if isinstance(self.router, PrecisePrefixRouter) else None
+        """The router, when it reads the engines' KV events (``prefix_precise``)."""
         self.health = HealthPolicy(settings.health, Random(seed * 1000 + 2 * i + 1))
         self.admission = (
             None
@@ -226,6 +231,7 @@ class PoolController:
             ProbeAnswered: self._probe_answered,
             Standbys: self._standbys,
             Tick: self._tick,
+            KvEvents: self._kv_events,
         }
         self._on = handlers
 
@@ -275,6 +281,17 @@ class PoolController:
 
     def _standbys(self, now: float, event: Standbys, out: list[Command]) -> None:
         self.standbys = event.standbys
+
+    def _kv_events(self, now: float, event: KvEvents, out: list[Command]) -> None:
+        """An engine's KV-event batches, for the router that reads them; a batch of
+        another process than the replica's current one is dropped (docs/kv-events.md)."""
+        kv, replica = self._kv, event.replica
+        seen = self._seen.get(replica)
+        if kv is None or seen is None or seen.incarnation != event.incarnation:
+            return
+        ask = kv.on_kv_events(now, replica, event.incarnation, event.batches, event.replay)
+        if ask is not None:
+            out.append(KvResync(self.model, replica, ask))
 
     def next_wakeup(self) -> float | None:
         """The earliest time something falls due (a health decision, the queue's tick, a
@@ -334,6 +351,8 @@ class PoolController:
             )
             if new_process:
                 self._restarted.add(r.id)  # a new process: its checks start over
+            if self._kv is not None and was is not None and was.incarnation != r.incarnation:
+                self._kv.restarted(r.id, r.incarnation)  # its cache is gone with its process
             if (
                 r.state is ReplicaState.READY
                 and r.incarnation is not None
@@ -341,6 +360,8 @@ class PoolController:
             ):
                 checked.append(r.id)  # the runtime just saw this process answer /health
         for gone in old.keys() - fresh.keys():
+            if self._kv is not None:
+                self._kv.forget(gone)
             self._loads.pop(gone, None)
             self._views.pop(gone, None)
             self._restarted.discard(gone)

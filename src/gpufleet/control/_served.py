@@ -145,7 +145,14 @@ def in_pool(arrived: Arrived, pool: str) -> Arrived:
     """``arrived`` as the pool sees it: the request under the pool's name."""
     r = arrived.request
     request = RouteRequest(
-        r.request_id, pool, r.prefix_hashes, r.prompt_tokens, r.session_key, r.tenant, r.max_tokens
+        r.request_id,
+        pool,
+        r.prefix_hashes,
+        r.prompt_tokens,
+        r.session_key,
+        r.tenant,
+        r.max_tokens,
+        r.block_hashes,
     )
     return Arrived(request, arrived.priority, arrived.weight, arrived.deadline, arrived.resumable)
 

@@ -10,7 +10,8 @@ from gpufleet.policy import (
     AutoscaleConfig,
     HealthConfig,
     KVAwareConfig,
-    PrefixAwareConfig,
+    PrecisePrefixConfig,
+    PrefixSettings,
     RouterConfig,
 )
 
@@ -78,13 +79,19 @@ class PoolSettings:
     def scraped(self) -> bool:
         """Whether the pool's engines are scraped: its router reads their load, or its
         admission gauge or autoscaler does. One rule for both shells."""
-        reads = isinstance(self.routing, KVAwareConfig | PrefixAwareConfig)
+        reads = isinstance(self.routing, KVAwareConfig | PrefixSettings)
         return reads or self.admission is not None or self.autoscale is not None
 
     @property
     def hashes(self) -> bool:
         """Whether the router reads prefix hashes (only then are they computed)."""
-        return isinstance(self.routing, PrefixAwareConfig)
+        return isinstance(self.routing, PrefixSettings)
+
+    @property
+    def kv_events(self) -> bool:
+        """Whether the router reads the engines' KV events and the prompts' engine block
+        hashes (``prefix_precise``): only then does a shell subscribe and hash."""
+        return isinstance(self.routing, PrecisePrefixConfig)
 
     @property
     def holds(self) -> bool:

@@ -1,5 +1,6 @@
 """Domain types of the control plane: replicas, their states and engine profiles, fleet views,
-requests, events, and the OpenAI batch lifecycle (a batch's statuses and its input file's lines).
+requests, events (KV-cache events too), and the OpenAI batch lifecycle (a batch's statuses
+and its input file's lines).
 
 Values only (frozen dataclasses and enums): the gateway and the simulator build them, the
 policies in ``gpufleet.policy`` read them.
@@ -36,6 +37,7 @@ from gpufleet.fleet._engine_metrics import (
     read_engine_metrics,
 )
 from gpufleet.fleet._events import FleetEvent, ProbeResult, RequestFinished
+from gpufleet.fleet._kv import KvBatch, KvCleared, KvEvent, KvRemoved, KvStored
 from gpufleet.fleet._profile import DEFAULT_MAX_NUM_SEQS, ENGINE_FLAGS, ReplicaProfile
 from gpufleet.fleet._replica import (
     IN_SERVICE,
@@ -84,6 +86,11 @@ __all__ = [
     "FleetEvent",
     "FleetView",
     "Histogram",
+    "KvBatch",
+    "KvCleared",
+    "KvEvent",
+    "KvRemoved",
+    "KvStored",
     "LineError",
     "Outcome",
     "ProbeResult",

@@ -35,6 +35,10 @@ class RouteRequest:
     max_tokens: int | None = None
     """The most output tokens it asks for (``max_tokens``/``max_completion_tokens``; ``None``:
     not said). With ``prompt_tokens``, what a pool's context must hold."""
+    block_hashes: tuple[int, ...] = ()
+    """The engine's own block hashes of the prompt (its tokens, its block size, chained and
+    seeded as the engine does; 64-bit integers as its KV events carry them), when the shell
+    can compute them: what a router indexing KV events matches (docs/kv-events.md)."""
 
 
 def text_prefix_hashes(text: str, block_chars: int = 512, max_blocks: int = 256) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ replicas (``Http11ReplicaClient(tls=…)``).
 """
 
 from gpufleet.control import decision_record  # the autoscaler's log line (shared with the sim)
-from gpufleet.gateway._app import SERVER_OPTIONS, Gateway, create_gateway
+from gpufleet.gateway._app import SERVER_OPTIONS, Gateway, KvHasher, create_gateway
 from gpufleet.gateway._autoscale import AutoscaleMetrics, ScaleActuator, ScaleExecutor
 from gpufleet.gateway._control import LiveControl
 from gpufleet.gateway._errors import (
@@ -45,6 +45,7 @@ __all__ = [
     "GatewayMetrics",
     "GatewayServer",
     "Http11ReplicaClient",
+    "KvHasher",
     "LiveControl",
     "LocalOriginError",
     "ModelNotFoundError",

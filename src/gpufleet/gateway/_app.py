@@ -75,6 +75,11 @@ Send = Callable[[Message], Awaitable[None]]
 Header = tuple[bytes, bytes]
 
 _JSON: Final = (b"content-type", b"application/json")
+
+KvHasher = Callable[[str, dict[str, Any]], tuple[int, ...]]
+"""``(pool, request body) -> engine block hashes`` (the engine's tokens, block size and hash
+chain; ``()`` when it cannot tell): injected by whoever knows the engines (``gpufleet up``),
+since the gateway imports no engine code."""
 _RELAY: Final = "gpufleet.relay"
 """The ASGI extension of ``GatewayServer`` (``_server.RELAY``) that passes a stream's frames
 from the replica's socket to the client's; under another server, chunks go one by one."""
@@ -100,8 +105,11 @@ class Gateway:
         record: IO[str] | None = None,
         actions: FleetActions | None = None,
         store: Store | None = None,
+        kv_hasher: KvHasher | None = None,
     ) -> None:
         self.config = config
+        self._kv_hasher = kv_hasher
+        """A prompt's engine block hashes, for pools routed on KV events (docs/kv-events.md)."""
         self.tenancy = tenancy
         """Auth, quotas, admission and the ledger (docs/tenants.md); ``None``: auth off."""
         self._source = source
@@ -330,7 +338,10 @@ class Gateway:
         hashes = self.control.hashes(model)
         if hashes is None:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
-        request = _route_request(model, scope, payload, request_id, hashes)
+        blocks: tuple[int, ...] = ()
+        if self._kv_hasher is not None and (pool := self.control.kv_pool(model)) is not None:
+            blocks = self._kv_hasher(pool, payload)
+        request = _route_request(model, scope, payload, request_id, hashes, blocks=blocks)
         admitted = None
         status = 500
         # watched from before admission: a client that leaves while queued gives its
@@ -751,6 +762,7 @@ def create_gateway(
     record: IO[str] | None = None,
     actions: FleetActions | None = None,
     store: Store | None = None,
+    kv_hasher: KvHasher | None = None,
 ) -> Gateway:
     """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
 
@@ -759,7 +771,9 @@ def create_gateway(
     ``tenancy`` turns auth, quotas, admission and the ledger on; ``record`` gets every
     control event and its commands (``gpufleet up --record``, ``gpufleet replay``);
     ``actions`` lets operators drain replicas from the admin API and the console; ``store``
-    (else the tenancy's) holds the Batch API's files and batches (docs/batch.md).
+    (else the tenancy's) holds the Batch API's files and batches (docs/batch.md);
+    ``kv_hasher(pool, body)`` gives a request's engine block hashes for the pools routed on
+    the engines' KV events (``prefix_precise``; docs/kv-events.md).
     """
     return Gateway(
         config,
@@ -772,6 +786,7 @@ def create_gateway(
         record=record,
         actions=actions,
         store=store,
+        kv_hasher=kv_hasher,
     )
 
 
@@ -916,7 +931,13 @@ def _body_of(bodies: dict[str, bytes], pool: str) -> bytes:
 
 
 def _route_request(
-    model: str, scope: Scope, payload: dict[str, Any], request_id: str, hashes: bool
+    model: str,
+    scope: Scope,
+    payload: dict[str, Any],
+    request_id: str,
+    hashes: bool,
+    *,
+    blocks: tuple[int, ...] = (),
 ) -> RouteRequest:
     """What the router sees of a request: its prefix hashes (only for a router that reads
     them), size, the output it asks for and its session key."""
@@ -930,6 +951,7 @@ def _route_request(
         prompt_tokens=len(text) // 4,
         session_key=session if isinstance(session, str) else None,
         max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+        block_hashes=blocks,
     )
 
 

@@ -41,6 +41,7 @@ from gpufleet.control import (
     Fallback,
     Finished,
     FleetController,
+    KvResync,
     Latencies,
     PoolController,
     Probe,
@@ -63,6 +64,7 @@ from gpufleet.control import (
 from gpufleet.fleet import FleetView, Outcome, ReplicaId, RouteRequest
 from gpufleet.gateway._autoscale import ScaleExecutor
 from gpufleet.gateway._errors import GatewayError, NoReplicaError, UpstreamError
+from gpufleet.gateway._kv_events import KvFeeds
 from gpufleet.gateway._metrics import GatewayMetrics
 from gpufleet.gateway._replicas import Upstream
 from gpufleet.gateway._residency import ResidencyMetrics, ResidencyShell
@@ -134,6 +136,17 @@ class LiveControl:
         )
         """Sleep and Wake over HTTP (``None``: every pool is always resident)."""
         self._residency_shown = -1
+        self._kv_pools = frozenset(n for n, p in self.pools.items() if p.settings.kv_events)
+        """Pools whose router reads KV events (their engines are subscribed to)."""
+        self._kv_names = {
+            name: pool
+            for name, served in self.control.served.items()
+            for pool in [next((p for p, _ in served.variants if p in self._kv_pools), None)]
+            if pool is not None
+        }
+        # a batch changes its pool's router only: the cheap path of a request's event
+        self.kv_feeds = KvFeeds(lambda event: self.handle(event, request=True))
+        """One subscription per engine that publishes KV events (docs/kv-events.md)."""
 
     # -- life -----------------------------------------------------------------------------
 
@@ -141,12 +154,15 @@ class LiveControl:
         """Probes and scrapes from now on run in ``tasks`` over ``client``."""
         self._tasks, self._client = tasks, client
         self._arm(self._clock(), self.control.next_wakeup())
+        if self._kv_pools:
+            self.kv_feeds.start(tasks)
 
     def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._timer, self._timer_at = None, math.inf
         self._tasks = None
+        self.kv_feeds.stop()
         if self._record is not None:
             self._record.flush()
 
@@ -189,7 +205,7 @@ class LiveControl:
             self._arm(now, pool.next_wakeup())
         return commands
 
-    def _carry_out(self, now: float, command: Command) -> None:
+    def _carry_out(self, now: float, command: Command) -> None:  # noqa: PLR0912 - per command
         """A command other than a request's decision."""
         if isinstance(command, Probe):
             if self._tasks is not None:
@@ -217,6 +233,8 @@ class LiveControl:
                     tasks.create_task(shell.sleep(client, command))
                 else:
                     tasks.create_task(shell.wake(client, command))
+        elif isinstance(command, KvResync):
+            self.kv_feeds.resync(command, self.upstreams.get(command.replica))
 
     def _url_of(self, replica: ReplicaId) -> str | None:
         upstream = self.upstreams.get(replica)
@@ -386,6 +404,11 @@ class LiveControl:
         served = self.control.served.get(name)
         return None if served is None else served.hashes
 
+    def kv_pool(self, name: str) -> str | None:
+        """The pool whose engines' block hashes a request to served name ``name`` needs
+        (its first variant that reads KV events), or ``None``: none does."""
+        return self._kv_names.get(name)
+
     def refusal(self, model: str, reject: Reject, last: UpstreamError | None) -> GatewayError:
         """The error a Reject answers with (503 with ``Retry-After``); ``model``: the name
         the client sent (the pool it was last in is ``reject.model``, if another)."""
@@ -431,6 +454,10 @@ class LiveControl:
             if self._seen.get(model) != seen:
                 self._seen[model] = seen
                 self.handle(Replicas(model, seen))
+        if self._kv_pools:  # after the controller knows each process (its incarnation)
+            self.kv_feeds.update(
+                {n: (u.model, u) for n, u in fresh.items() if u.model in self._kv_pools}
+            )
         for replica in gone:
             self.views.forget(replica.name)
             # its other series and cached children (queue, KV, attempts, in flight)

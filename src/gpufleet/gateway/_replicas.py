@@ -27,6 +27,10 @@ class Upstream:
     url: str | None
     """Base URL without ``/v1``; ``None`` while it has no process."""
     state: ReplicaState = ReplicaState.READY
+    kv_events: str | None = None
+    """The ZMQ endpoint its engine publishes KV events on (``None``: none; docs/kv-events.md)."""
+    kv_replay: str | None = None
+    """The engine's KV-event replay endpoint (``None``: none)."""
 
 
 class ReplicaSource(Protocol):

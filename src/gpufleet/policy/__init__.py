@@ -6,7 +6,8 @@ fields. The pool controller (``gpufleet.control``) owns and drives them, the sam
 the gateway and the fleet simulator, which reach them only through it (``.importlinter``).
 
 * Routing: :func:`make_router` builds a :class:`Router` from a fleet file's ``routing``
-  entry (docs/design/routing.md).
+  entry (docs/design/routing.md); ``prefix_precise`` (:class:`PrecisePrefixRouter`) indexes
+  the engines' KV events in a :class:`KvBlockIndex` (docs/kv-events.md).
 * Health: :class:`HealthPolicy` (outlier detection, circuit breakers, active checks) and the
   N+1 check :func:`redundancy` (docs/design/health.md).
 * Autoscaling: :class:`AutoscalePolicy` sizes one model pool (reactive windows, a demand
@@ -60,7 +61,9 @@ from gpufleet.policy._config import (
     KVAwareConfig,
     LeastRequestConfig,
     OutlierConfig,
+    PrecisePrefixConfig,
     PrefixAwareConfig,
+    PrefixSettings,
     RoundRobinConfig,
     RouterConfig,
     SessionConfig,
@@ -72,6 +75,8 @@ from gpufleet.policy._health import (
     HealthPolicy,
     ReplicaHealth,
 )
+from gpufleet.policy._kv_index import FeedSnapshot, KvBlockIndex
+from gpufleet.policy._precise import PrecisePrefixRouter, PreciseSnapshot
 from gpufleet.policy._prefix import PrefixAwareRouter, PrefixIndex
 from gpufleet.policy._probe import ProbeState, ProbeStatus
 from gpufleet.policy._ranking import (
@@ -155,6 +160,7 @@ __all__ = [
     "EjectionCause",
     "EjectionRecord",
     "FairQueue",
+    "FeedSnapshot",
     "Forecast",
     "ForecastConfig",
     "HealthConfig",
@@ -162,6 +168,7 @@ __all__ = [
     "HealthPolicy",
     "KVAwareConfig",
     "KVAwareRouter",
+    "KvBlockIndex",
     "LeastRequestConfig",
     "LeastRequestRouter",
     "OutlierConfig",
@@ -169,9 +176,13 @@ __all__ = [
     "PoolDemand",
     "PoolGauge",
     "PoolView",
+    "PrecisePrefixConfig",
+    "PrecisePrefixRouter",
+    "PreciseSnapshot",
     "PrefixAwareConfig",
     "PrefixAwareRouter",
     "PrefixIndex",
+    "PrefixSettings",
     "ProbeState",
     "ProbeStatus",
     "Ranking",

@@ -53,10 +53,9 @@ class KVAwareConfig(_ScrapeSettings):
     """Cost of a full KV cache, in requests: a replica at 100 % usage must preempt or queue."""
 
 
-class PrefixAwareConfig(_ScrapeSettings):
-    """The candidate holding the longest cached prefix, unless it is overloaded."""
+class PrefixSettings(_ScrapeSettings):
+    """What the two prefix routers share: the approximate index and the load guard."""
 
-    policy: Literal["prefix_aware"] = "prefix_aware"
     index_blocks: int = Field(4096, ge=1)
     """Prefix blocks remembered per replica (an LRU, about 160 bytes each). Best near the
     replica's KV cache size in the same unit: 4096 blocks of 512 characters (~128 tokens)
@@ -70,6 +69,30 @@ class PrefixAwareConfig(_ScrapeSettings):
     """Fewer matched blocks than this count as no match (route by load alone)."""
 
 
+class PrefixAwareConfig(PrefixSettings):
+    """The candidate holding the longest cached prefix, unless it is overloaded."""
+
+    policy: Literal["prefix_aware"] = "prefix_aware"
+
+
+class PrecisePrefixConfig(PrefixSettings):
+    """``prefix_aware`` on what the engines report cached (their KV events), matched on the
+    engines' own block hashes; replicas without a live event feed fall back to the
+    approximate index (docs/kv-events.md)."""
+
+    policy: Literal["prefix_precise"] = "prefix_precise"
+    index_blocks: int = Field(32768, ge=1)
+    """The approximate fallback's blocks per replica, in engine blocks (16 tokens by
+    default: 32,768 is ~512k tokens, as ``prefix_aware``'s 4,096 blocks of ~128)."""
+    kv_index_blocks: int = Field(262144, ge=1)
+    """The most blocks indexed per replica from its events (the memory bound, about 150
+    bytes each); above it the oldest stored are dropped. Set it at or above the engines'
+    KV cache in blocks (an 8B model on one 80 GB GPU: ~32k blocks of 16)."""
+    stale_after: float = Field(10.0, gt=0.0)
+    """Seconds a replica may take requests without publishing a batch before its feed
+    counts as stale (the approximate index answers for it until its next batch)."""
+
+
 class SessionConfig(_RouterSettings):
     """Consistent hashing with bounded load on the request's session key."""
 
@@ -81,14 +104,26 @@ class SessionConfig(_RouterSettings):
 
 
 RouterConfig = Annotated[
-    RoundRobinConfig | LeastRequestConfig | KVAwareConfig | PrefixAwareConfig | SessionConfig,
+    RoundRobinConfig
+    | LeastRequestConfig
+    | KVAwareConfig
+    | PrefixAwareConfig
+    | PrecisePrefixConfig
+    | SessionConfig,
     Field(discriminator="policy"),
 ]
 """Any router's settings, told apart by ``policy``."""
 
 _ADAPTER: Final[TypeAdapter[RouterConfig]] = TypeAdapter(RouterConfig)
 
-ROUTER_POLICIES: Final = ("kv_aware", "least_request", "prefix_aware", "round_robin", "session")
+ROUTER_POLICIES: Final = (
+    "kv_aware",
+    "least_request",
+    "prefix_aware",
+    "prefix_precise",
+    "round_robin",
+    "session",
+)
 
 
 def parse_router_config(data: Mapping[str, object] | str) -> RouterConfig:

@@ -36,7 +36,7 @@ from gpufleet.fleet import (
     ReplicaState,
     RouteRequest,
 )
-from gpufleet.policy._config import PrefixAwareConfig
+from gpufleet.policy._config import PrefixSettings
 from gpufleet.policy._ranking import (
     CandidateFilter,
     LoadSnapshot,
@@ -187,7 +187,7 @@ class PrefixAwareRouter:
 
     def __init__(
         self,
-        config: PrefixAwareConfig,
+        config: PrefixSettings,
         rng: Random,
         filters: tuple[CandidateFilter, ...] | None = None,
     ) -> None:
@@ -210,7 +210,7 @@ class PrefixAwareRouter:
         shape = shape_of(self._shapes, request.model, replicas)
         ids = shape.ids
         loads = outstanding(shape, self._load.counts, now, config.max_scrape_age)
-        matches = self._index.match(request.prefix_hashes)
+        matches = self._matches(now, request)
         if not matches:
             return Ranking((order_by_key(ids, loads, rng),), self.name, candidates.panic)
 
@@ -242,6 +242,10 @@ class PrefixAwareRouter:
             if group
         )
         return Ranking(tiers, self.name, candidates.panic, matched)
+
+    def _matches(self, now: float, request: RouteRequest) -> dict[ReplicaId, int]:
+        """Per indexed replica, the leading blocks of the request it is believed to hold."""
+        return self._index.match(request.prefix_hashes)
 
     def _sync(self, view: FleetView) -> None:
         """Forget replicas that left the view or restarted (their caches are empty)."""

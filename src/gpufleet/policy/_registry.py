@@ -8,12 +8,14 @@ from random import Random
 from gpufleet.policy._config import (
     KVAwareConfig,
     LeastRequestConfig,
+    PrecisePrefixConfig,
     PrefixAwareConfig,
     RoundRobinConfig,
     RouterConfig,
     SessionConfig,
     parse_router_config,
 )
+from gpufleet.policy._precise import PrecisePrefixRouter
 from gpufleet.policy._prefix import PrefixAwareRouter
 from gpufleet.policy._ranking import CandidateFilter, Router
 from gpufleet.policy._routers import KVAwareRouter, LeastRequestRouter, RoundRobinRouter
@@ -41,5 +43,7 @@ def make_router(
             return KVAwareRouter(config, rng, filters)
         case PrefixAwareConfig():
             return PrefixAwareRouter(config, rng, filters)
+        case PrecisePrefixConfig():
+            return PrecisePrefixRouter(config, rng, filters)
         case SessionConfig():
             return SessionRouter(config, rng, filters)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -29,6 +30,8 @@ from gpufleet.runtime._spec import EngineKind, ReplicaSpec
 
 LISTENING: Final = re.compile(rb"listening on (http://[^\s,]+)")
 """The sim engine's first stdout line names the address it bound (``--port 0``)."""
+KV_EVENTS: Final = re.compile(rb"KV events on (tcp://[^\s,]+) replay (tcp://[^\s,]+)")
+"""… and, with ``--kv-events-config``, its KV-event and replay endpoints (port 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,7 @@ def launch_plan(spec: ReplicaSpec, host: str, port: int | None = None) -> Launch
                 *("--model", engine.model, "--gpu", engine.gpu),
                 *("--host", host, "--port", "0"),
                 *names,
+                *(_kv_events_flag(host) if engine.kv_events else ()),
                 *engine.profile.to_argv(),
             )
             return LaunchPlan(argv, env, None)
@@ -76,6 +80,21 @@ def launch_plan(spec: ReplicaSpec, host: str, port: int | None = None) -> Launch
         case EngineKind.EXTERNAL:
             raise ValueError(f"replica {spec.name!r} is external: nothing to launch")
     raise AssertionError(engine.kind)  # pragma: no cover
+
+
+def _kv_events_flag(host: str) -> tuple[str, str]:
+    """vLLM's ``--kv-events-config`` for a sim engine: both sockets on free ports of ``host``."""
+    where = f"tcp://{_url_host(host)}:0"
+    config = {"enable_kv_cache_events": True, "endpoint": where, "replay_endpoint": where}
+    return "--kv-events-config", json.dumps(config, separators=(",", ":"))
+
+
+def find_kv_events(log: Path, offset: int) -> tuple[str, str] | None:
+    """The KV-event and replay endpoints a sim engine printed after ``offset``, if any."""
+    with log.open("rb") as file:
+        file.seek(offset)
+        match = KV_EVENTS.search(file.read(64 * 1024))
+    return (match.group(1).decode(), match.group(2).decode()) if match else None
 
 
 def vllm_command() -> tuple[str, ...]:

@@ -29,6 +29,7 @@ from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.runtime._drain import in_flight, wait_idle
 from gpufleet.runtime._launch import (
     die_with_parent,
+    find_kv_events,
     find_url,
     launch_plan,
     log_tail,
@@ -84,6 +85,7 @@ class _Replica:
         self.process: asyncio.subprocess.Process | None = None
         self.probe: asyncio.Task[None] | None = None
         self.url: str | None = None
+        self.kv_events: tuple[str, str] | None = None
         self.launches = 0
         self.restarts = 0
         self.launched_at = now
@@ -467,7 +469,7 @@ class LocalRuntime:
         spec, loop = replica.spec, asyncio.get_running_loop()
         pool = spec.pool
         replica.launches += 1
-        replica.url, replica.failure = None, None
+        replica.url, replica.failure, replica.kv_events = None, None, None
         self._metrics.starts.labels(pool).inc()
         if restart:
             replica.restarts += 1
@@ -608,6 +610,8 @@ class LocalRuntime:
             assert replica.log is not None
             with contextlib.suppress(OSError):
                 replica.url = find_url(replica.log, replica.log_offset)
+                if replica.url is not None and replica.spec.engine.kv_events:
+                    replica.kv_events = find_kv_events(replica.log, replica.log_offset)
             if replica.url is None:
                 await asyncio.sleep(interval)
         self._publish()
@@ -716,6 +720,7 @@ class LocalRuntime:
             standby=spec.index in members.standby,
             since=replica.state.since,
             url=replica.url if phase in LIVE else None,
+            kv_events=replica.kv_events if phase in LIVE else None,
             pid=replica.process.pid if replica.process is not None else None,
             restarts=replica.restarts,
             log=replica.log,

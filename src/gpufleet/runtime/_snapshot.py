@@ -54,6 +54,8 @@ class ReplicaStatus:
     routed to until it is promoted. ``state`` is its process's state."""
     since: float = 0.0
     """When it entered ``phase`` (the runtime's loop clock)."""
+    kv_events: tuple[str, str] | None = None
+    """Its process's KV-event and replay endpoints (``EngineSpec.kv_events``), once known."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,9 @@ class EngineSpec:
     endpoints: tuple[str, ...] = ()
     ca_file: str | None = None
     """PEM CA bundle of the ``https://`` endpoints (``EXTERNAL`` only)."""
+    kv_events: bool = False
+    """Publish KV-cache events (a sim engine: ``--kv-events-config`` on free ports, which it
+    prints; the runtime reports them as ``ReplicaStatus.kv_events``; docs/kv-events.md)."""
 
     def __post_init__(self) -> None:
         # A read-only copy: a frozen spec must not change under the reconciler's feet.

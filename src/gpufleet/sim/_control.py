@@ -10,6 +10,7 @@ turns the simulated world into its events and does what it says::
                         (every request is resumable: Arrived(resumable=True))
     restart / join   ─► Replicas(new incarnation)      drain / leave ─► Replicas
     scrape tick      ─► Scraped(running, waiting, KV usage of each scraped replica)
+    a step's KV events ─► KvEvents(one batch, numbered per process; prefix_precise pools)
     Wake @ next_wakeup() ─► Tick
     ─────────────────────────────────────────────────────────────────────────────────────
     Route  ─► drivers[k].submit (at once; from a replica's step end, by a Dispatch event at
@@ -39,7 +40,7 @@ trace shares is a run of hashes the router sees shared.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -53,6 +54,8 @@ from gpufleet.control import (
     Fallback,
     Finished,
     FleetController,
+    KvEvents,
+    KvResync,
     Latencies,
     Probe,
     ProbeAnswered,
@@ -75,7 +78,24 @@ from gpufleet.control import (
 )
 from gpufleet.control import Event as ControlEvent
 from gpufleet.control import Wake as WakeCommand
-from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
+from gpufleet.engine.model import (
+    BlockRemoved,
+    BlockStored,
+    KvCacheEvent,
+    block_hash_chain,
+    external_hash,
+)
+from gpufleet.fleet import (
+    KvBatch,
+    KvCleared,
+    KvEvent,
+    KvRemoved,
+    KvStored,
+    Outcome,
+    ReplicaId,
+    ReplicaState,
+    RouteRequest,
+)
 from gpufleet.perf import Parallelism, ResidencyTimes, residency_times
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
@@ -84,6 +104,18 @@ from gpufleet.sim._traces import PREFIX_HASH_TOKENS, TraceRequest
 
 PREFIX_HASH_MAX_BLOCKS: Final = 256
 """At most this many blocks are hashed, as in the gateway."""
+KV_MAX_BLOCKS: Final = 16384
+"""At most this many engine blocks of a prompt are hashed for KV-event routing (the sim
+engine's hasher's bound)."""
+
+
+def _kv_event(event: KvCacheEvent) -> KvEvent:
+    """A replica model's KV event as the controller reads it (hashes as 64-bit integers)."""
+    if isinstance(event, BlockStored):
+        return KvStored(tuple(map(external_hash, event.block_hashes)))
+    if isinstance(event, BlockRemoved):
+        return KvRemoved(tuple(map(external_hash, event.block_hashes)))
+    return KvCleared()
 
 
 def token_prefix_hashes(
@@ -203,6 +235,7 @@ class SimControl:
         scrape_interval: float,
         tenant_of: Callable[[int, TraceRequest], tuple[str, int, float]] | None = None,
         on_refuse: Callable[[int, str], None] | None = None,
+        block_sizes: Mapping[str, int] | None = None,
     ) -> None:
         self.control = control
         pools = list(control.pools)
@@ -246,6 +279,17 @@ class SimControl:
         self.sleeps = 0
         self.wake_seconds: list[float] = []
         """The modelled time of each wake carried out."""
+        sizes = block_sizes or {}
+        self._kv_names: dict[str, int] = {}
+        """Served name → the engine block size its prompts are hashed in (a name whose first
+        variant that routes on KV events is such a pool; docs/kv-events.md)."""
+        for name, served in control.served.items():
+            for pool, _ in served.variants:
+                if control.pools[pool].settings.kv_events:
+                    self._kv_names[name] = sizes.get(pool, 16)
+                    break
+        self._kv_seq: dict[int, int] = {}
+        """Per driver, its process's next KV-event batch number."""
 
     # -- the registry ---------------------------------------------------------------------
 
@@ -355,6 +399,7 @@ class SimControl:
         """``replica`` restarted: a new process, whose checks start over."""
         entry = self.replicas.by_driver[replica]
         entry.restarts += 1
+        self._kv_seq.pop(replica, None)  # the new process counts its batches from 0
         if entry.state is ReplicaState.DRAINING or entry.state is ReplicaState.STOPPED:
             return
         entry.state, entry.incarnation = ReplicaState.READY, entry.restarts
@@ -371,6 +416,10 @@ class SimControl:
         self._harness = harness
         harness.gate = self
         harness.routing = self
+        if self._kv_names:
+            harness.kv_hook = self.on_kv
+            for driver in harness.drivers:
+                driver.on_kv = self.on_kv
         now = harness.kernel.now
         if any(p.settings.scraped for p in self.control.pools.values()):
             harness.every(self.scrape_interval, self.scrape)
@@ -419,7 +468,9 @@ class SimControl:
         self._rewake(now)
         return events
 
-    def _carry_out(self, now: float, commands: list[Command]) -> list[ScheduledEvent]:
+    def _carry_out(  # noqa: PLR0912 - one case per command
+        self, now: float, commands: list[Command]
+    ) -> list[ScheduledEvent]:
         events: list[ScheduledEvent] = []
         for command in commands:
             match command:
@@ -444,6 +495,8 @@ class SimControl:
                     self.rollout_log.append(decision)
                 case Sleep() | WakeCommand():
                     self._reside(now, command)
+                case KvResync():
+                    events += self._resync(now, command)
         return events
 
     def _probe(self, now: float, model: str, replica: ReplicaId) -> list[ScheduledEvent]:
@@ -491,6 +544,16 @@ class SimControl:
         if harness is not None:
             harness.kernel.schedule(at, URGENT, Settled(self, resident))
 
+    def _resync(self, now: float, command: KvResync) -> list[ScheduledEvent]:
+        """A modelled engine loses no batch and keeps none to replay: an empty answer (the
+        index goes on from what it has)."""
+        entry = self.replicas.by_id.get(command.replica)
+        if entry is None or entry.incarnation is None:
+            return []
+        incarnation = str(entry.incarnation)
+        answer = KvEvents(command.model, command.replica, incarnation, (), True)
+        return self._carry_out(now, self.control.handle(now, answer))
+
     def _rewake(self, now: float) -> None:
         harness = self._harness
         if harness is None or not harness.active:
@@ -529,6 +592,7 @@ class SimControl:
             (None, 0, 1.0) if self._tenant_of is None else self._tenant_of(index, request)
         )
         self._pending[index] = _Pending(request, prompt)
+        size = self._kv_names.get(model)
         routed = RouteRequest(
             str(index),
             model,
@@ -538,8 +602,29 @@ class SimControl:
             tenant=tenant,
             # the replica is asked for exactly this many tokens (what its context must hold)
             max_tokens=request.output_tokens,
+            block_hashes=() if size is None else block_hash_chain(prompt, size, KV_MAX_BLOCKS),
         )
         return self._tell(now, Arrived(routed, priority, weight, resumable=True))
+
+    def on_kv(self, now: float, replica: int, events: list[KvCacheEvent]) -> None:
+        """Replica ``replica``'s prefix cache did this in a step (a local event): one batch
+        for the controller, numbered per process as an engine numbers its batches."""
+        entry = self.replicas.by_driver[replica]
+        if entry.incarnation is None:
+            return
+        seq = self._kv_seq.get(replica, 0)
+        self._kv_seq[replica] = seq + 1
+        batch = KvBatch(seq, tuple(_kv_event(e) for e in events))
+        event = KvEvents(entry.model, entry.id, str(entry.incarnation), (batch,))
+        self._local = True
+        try:
+            self._tell(now, event)
+        finally:
+            self._local = False
+        harness = self._harness
+        if self._deferred and harness is not None:
+            commands, self._deferred = tuple(self._deferred), []
+            harness.kernel.schedule(now, URGENT, Dispatch(self, commands))
 
     def _submit(
         self, now: float, index: int, replica: ReplicaId, resume: bool = False

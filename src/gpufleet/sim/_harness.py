@@ -34,7 +34,7 @@ from gpufleet.engine.model import NewRequest, ReplicaModel
 from gpufleet.sim._kernel import URGENT, Event, Kernel, ScheduledEvent
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import Recorder, RequestRecord
-from gpufleet.sim._replica_driver import Lost, ReplicaDriver, Resume
+from gpufleet.sim._replica_driver import KvHook, Lost, ReplicaDriver, Resume
 from gpufleet.sim._traces import TraceRequest
 
 ARRIVAL_PRIORITY = URGENT
@@ -161,6 +161,7 @@ class FleetHarness:
         "failed",
         "gate",
         "kernel",
+        "kv_hook",
         "live",
         "prompts",
         "recorder",
@@ -194,6 +195,8 @@ class FleetHarness:
             )
             for i, m in enumerate(replicas)
         ]
+        self.kv_hook: KvHook | None = None
+        """Where the replicas' KV events go (set before the run; new replicas get it too)."""
         self.prompts = prompts
         if routing is None:
             routing = ChooserRouting(choose if choose is not None else RoundRobin())
@@ -261,6 +264,7 @@ class FleetHarness:
                 kernel=self.kernel,
             )
         )
+        self.drivers[index].on_kv = self.kv_hook
         return index
 
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:

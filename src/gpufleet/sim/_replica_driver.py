@@ -47,12 +47,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpufleet.engine.model import DecodeRun, NewRequest, ReplicaModel, StepPlan
+from gpufleet.engine.model import DecodeRun, KvCacheEvent, NewRequest, ReplicaModel, StepPlan
 from gpufleet.sim._kernel import NORMAL, Event, Kernel, ScheduledEvent
 from gpufleet.sim._recorder import Recorder, RequestRecord
 
 EndHook = Callable[[float, int, int, bool], None]
 """``on_end(now, index, replica, rejected)``: trace request ``index`` left replica ``replica``."""
+KvHook = Callable[[float, int, list[KvCacheEvent]], None]
+"""``on_kv(now, replica, events)``: replica ``replica``'s prefix cache did this in a step."""
 
 STEP_PRIORITY = NORMAL
 """Steps start and end after the arrivals of the same instant."""
@@ -157,6 +159,7 @@ class ReplicaDriver:
         "fast_runs",
         "fast_steps",
         "index",
+        "on_kv",
         "retired_preemptions",
         "retired_prefix_hits",
         "retired_prefix_queries",
@@ -183,6 +186,8 @@ class ReplicaDriver:
         self.stale_events = 0
         """``RunEnd`` events that came after their run had been caught up."""
         self._on_end = on_end
+        self.on_kv: KvHook | None = None
+        """Told each step's KV events (a model with ``kv_events``), before its ends."""
         self._model = model
         self._recorder = recorder
         self._horizon = horizon
@@ -406,7 +411,10 @@ class ReplicaDriver:
     def _finish(self, now: float, plan: StepPlan) -> None:
         live, log = self._live, self._recorder.log
         gaps: dict[float, int] = {}  # requests that produced a token last step share one gap
-        for out in self._model.finish_step(plan, now):
+        outs = self._model.finish_step(plan, now)
+        if self.on_kv is not None and (events := self._model.take_kv_events()):
+            self.on_kv(now, self.index, events)  # as an engine publishes: before the answers
+        for out in outs:
             state = live[out.request_id]
             if out.first_token and state.first is None:
                 state.first = now
@@ -470,4 +478,8 @@ class ReplicaDriver:
         self._steps += len(durations)
         self.fast_steps += len(durations)
         self.fast_runs += 1
+        if self.on_kv is not None and (events := self._model.take_kv_events()):
+            # a run ends before the next shared event (an arrival): the router has its
+            # blocks before it decides again, as it would have step by step
+            self.on_kv(t, self.index, events)
         return t

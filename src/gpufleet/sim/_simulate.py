@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from random import Random
 from typing import Any, Final
 
@@ -118,8 +118,16 @@ class FleetSimulation:
         gpus: list[int] = []
         self._configs = {}
         admitting = fleet.tenants.auth if options.admission is None else options.admission
+        control = FleetController.of(
+            fleet,
+            seed=options.seed,
+            admission=admitting,
+            autoscale_interval=options.autoscale_interval,
+        )
         for entry in fleet.models:
             config = replica_config(entry, options.seed)
+            if control.pools[entry.name].settings.kv_events:  # its engines publish KV events
+                config = replace(config, kv_events=True)
             self._configs[entry.name] = config
             count = entry.replica_count
             counts.append(count)
@@ -131,18 +139,14 @@ class FleetSimulation:
         """Who sent each request (None: no tenants asked for and admission off)."""
         if admitting or options.tenants:
             self.tenants = TenantBook(TenantMix(options.tenants, options.seed))
-        self.control = FleetController.of(
-            fleet,
-            seed=options.seed,
-            admission=admitting,
-            autoscale_interval=options.autoscale_interval,
-        )
+        self.control = control
         self.routing = SimControl(
             self.control,
             counts,
             scrape_interval=fleet.gateway.scrape_interval,
             tenant_of=None if self.tenants is None else self.tenants.of,
             on_refuse=None if self.tenants is None else self.tenants.refused,
+            block_sizes={name: c.block_size for name, c in self._configs.items()},
         )
         vocab = min(m.config.model.vocab_size for m in models)  # ids valid for every model
         self.harness = FleetHarness(

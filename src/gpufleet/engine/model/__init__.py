@@ -4,6 +4,14 @@ One class, :class:`ReplicaModel`, driven by two shells: the sim engine's HTTP se
 time and the fleet simulator in virtual time. docs/design/replica-model.md explains it.
 """
 
+from gpufleet.engine.model._kv_cache import block_hash_chain
+from gpufleet.engine.model._kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvCacheEvent,
+    external_hash,
+)
 from gpufleet.engine.model._replica import ReplicaModel
 from gpufleet.engine.model._types import (
     DecodeRun,
@@ -17,8 +25,12 @@ from gpufleet.engine.model._types import (
 )
 
 __all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
     "DecodeRun",
     "FinishReason",
+    "KvCacheEvent",
     "NewRequest",
     "Progress",
     "ReplicaConfig",
@@ -26,4 +38,6 @@ __all__ = [
     "ReplicaStats",
     "RequestOutput",
     "StepPlan",
+    "block_hash_chain",
+    "external_hash",
 ]

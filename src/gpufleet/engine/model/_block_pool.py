@@ -32,7 +32,16 @@ from collections.abc import Iterable, Sequence
 class BlockPool:
     """``num_blocks`` KV blocks: free queue, reference counts and the hash -> block map."""
 
-    __slots__ = ("_cached", "_hash", "_next", "_num_free", "_prev", "_ref", "num_blocks")
+    __slots__ = (
+        "_cached",
+        "_hash",
+        "_next",
+        "_num_free",
+        "_prev",
+        "_ref",
+        "evicted",
+        "num_blocks",
+    )
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -49,6 +58,9 @@ class BlockPool:
         self._prev[0] = num_blocks
         self._num_free = num_blocks
         self._cached: dict[bytes, int] = {}
+        self.evicted: list[bytes] | None = None
+        """When a list (KV events on), ``take`` appends each cached hash it evicts; the KV
+        cache manager drains it into a ``BlockRemoved``."""
 
     @property
     def num_free(self) -> int:
@@ -78,6 +90,7 @@ class BlockPool:
         if count > self._num_free:
             return None
         ref, hashes, cached, nxt = self._ref, self._hash, self._cached, self._next
+        evicted = self.evicted
         sentinel = self.num_blocks
         blocks = []
         block = nxt[sentinel]
@@ -86,6 +99,8 @@ class BlockPool:
             if old is not None:  # evict its cached prefix
                 del cached[old]
                 hashes[block] = None
+                if evicted is not None:
+                    evicted.append(old)
             ref[block] = 1
             blocks.append(block)
             block = nxt[block]

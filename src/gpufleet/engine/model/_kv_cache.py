@@ -29,6 +29,10 @@ so a later prompt that repeats a conversation's earlier answer hits its blocks.
 A new request's longest cached prefix stops one token short of its end (at least one token is
 computed, to produce logits): a 64-token prompt already in the cache hits 3 blocks of 16 and
 recomputes the last 16.
+
+With ``events=True`` the manager also keeps what its cache did, in order, as vLLM's KV
+events (``_kv_events``): ``BlockRemoved`` for the hashes an allocation evicted,
+``BlockStored`` for each run of blocks it registered; ``take_events()`` drains them.
 """
 
 from __future__ import annotations
@@ -37,8 +41,14 @@ from collections.abc import Sequence
 from hashlib import blake2b
 
 from gpufleet.engine.model._block_pool import BlockPool
+from gpufleet.engine.model._kv_events import (
+    BlockRemoved,
+    BlockStored,
+    KvCacheEvent,
+    external_hash,
+)
 from gpufleet.engine.model._request import Request
-from gpufleet.engine.model._tokens import FillerTokens
+from gpufleet.engine.model._tokens import FillerTokens, pack_tokens, unpack_tokens
 
 HASH_ROOT = blake2b(b"gpufleet prefix cache v1", digest_size=16).digest()
 
@@ -46,6 +56,25 @@ HASH_ROOT = blake2b(b"gpufleet prefix cache v1", digest_size=16).digest()
 def hash_block(parent: bytes, token_bytes: bytes) -> bytes:
     """The name of a full block: its parent's name chained with its packed token ids."""
     return blake2b(parent + token_bytes, digest_size=16).digest()
+
+
+def block_hash_chain(
+    token_ids: Sequence[int], block_size: int, max_blocks: int | None = None
+) -> tuple[int, ...]:
+    """The external hashes of the full blocks of ``token_ids`` (at most ``max_blocks``),
+    chained from the model's root as the KV cache names them; a partial tail is not hashed."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    count = len(token_ids) // block_size
+    if max_blocks is not None:
+        count = min(count, max_blocks)
+    packed, width = pack_tokens(token_ids[: count * block_size]), 4 * block_size
+    parent = HASH_ROOT
+    out = []
+    for k in range(count):
+        parent = hash_block(parent, packed[k * width : (k + 1) * width])
+        out.append(parent)
+    return tuple(external_hash(h) for h in out)
 
 
 class _Table:
@@ -60,16 +89,39 @@ class _Table:
 class KVCacheManager:
     """Block tables of running requests, allocated from one ``BlockPool``."""
 
-    __slots__ = ("_filler", "_tables", "block_size", "caching", "pool")
+    __slots__ = ("_events", "_filler", "_tables", "block_size", "caching", "pool")
 
     def __init__(
-        self, num_blocks: int, block_size: int, *, caching: bool, filler: FillerTokens
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        caching: bool,
+        filler: FillerTokens,
+        events: bool = False,
     ) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.caching = caching
         self._filler = filler
         self._tables: dict[Request, _Table] = {}
+        self._events: list[KvCacheEvent] | None = [] if events and caching else None
+        if self._events is not None:
+            self.pool.evicted = []
+
+    def take_events(self) -> list[KvCacheEvent]:
+        """What the prefix cache did since the last call, in order (empty: events off)."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
+
+    def _note_evicted(self) -> None:
+        evicted, events = self.pool.evicted, self._events
+        if evicted and events is not None:
+            events.append(BlockRemoved(tuple(evicted)))
+            evicted.clear()
 
     @property
     def usage(self) -> float:
@@ -119,6 +171,8 @@ class KVCacheManager:
                 pool.touch(hits)
             taken = pool.take(need)
             assert taken is not None  # checked above
+            if pool.evicted:
+                self._note_evicted()
             blocks.extend(taken)
             new = taken
         self._tables[request] = table
@@ -177,8 +231,36 @@ class KVCacheManager:
         """Offer ``request``'s blocks ``num_hashed .. full - 1`` (now full) to the cache."""
         hashes = self._hashes(request, full)
         register, blocks = self.pool.register, table.blocks
+        if self._events is not None:
+            self._register_noted(request, table, full, hashes)
+            return
         for k in range(table.num_hashed, full):
             register(blocks[k], hashes[k])
+        table.num_hashed = full
+
+    def _register_noted(
+        self, request: Request, table: _Table, full: int, hashes: list[bytes]
+    ) -> None:
+        """``_register``, keeping a ``BlockStored`` for each run of newly cached blocks."""
+        events = self._events
+        assert events is not None
+        register, blocks, size = self.pool.register, table.blocks, self.block_size
+        run: list[int] = []
+
+        def flush() -> None:
+            if run:
+                first, last = run[0], run[-1] + 1
+                ids = unpack_tokens(request.token_bytes(first * size, last * size, self._filler))
+                parent = hashes[first - 1] if first else None
+                events.append(BlockStored(tuple(hashes[first:last]), parent, ids, size))
+                run.clear()
+
+        for k in range(table.num_hashed, full):
+            if register(blocks[k], hashes[k]):
+                run.append(k)
+            else:
+                flush()
+        flush()
         table.num_hashed = full
 
     def _hashes(self, request: Request, count: int) -> list[bytes]:

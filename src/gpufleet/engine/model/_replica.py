@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from gpufleet.engine.model._kv_cache import KVCacheManager
+from gpufleet.engine.model._kv_events import KvCacheEvent
 from gpufleet.engine.model._request import Request, RequestStatus
 from gpufleet.engine.model._scheduler import Scheduler
 from gpufleet.engine.model._tokens import FillerTokens, OutputLengths, shared_filler
@@ -67,6 +68,7 @@ class ReplicaModel:
             config.block_size,
             caching=config.enable_prefix_caching,
             filler=self._filler,
+            events=config.kv_events,
         )
         self._scheduler = Scheduler(
             self._kv,
@@ -486,6 +488,11 @@ class ReplicaModel:
             generation_tokens=self._generation_tokens,
             finished=dict(self._finished),
         )
+
+    def take_kv_events(self) -> list[KvCacheEvent]:
+        """What the prefix cache did since the last call, in order (``kv_events`` on; else
+        always empty): the shell publishes them after each step."""
+        return self._kv.take_events()
 
     def progress(self, request_id: str) -> Progress | None:
         """What ``request_id`` has generated so far and where its output goes on (a stream

@@ -40,6 +40,15 @@ def pack_tokens(token_ids: Sequence[int]) -> bytes:
     return words.tobytes()
 
 
+def unpack_tokens(packed: bytes) -> tuple[int, ...]:
+    """The inverse of :func:`pack_tokens`."""
+    words = array(_TYPECODE)
+    words.frombytes(packed)
+    if sys.byteorder == "big":  # pragma: no cover - no big-endian CI machine
+        words.byteswap()
+    return tuple(words)
+
+
 class FillerTokens:
     """The token-id sequence every generated text of one replica is a window of."""
 

@@ -48,6 +48,9 @@ class ReplicaConfig:
     seed: int = 0
     output_len_median: float = 150.0
     output_len_sigma: float = 0.9
+    kv_events: bool = False
+    """Keep vLLM-shaped KV events of the prefix cache for ``take_kv_events()`` (with
+    ``enable_prefix_caching``; docs/kv-events.md)."""
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:

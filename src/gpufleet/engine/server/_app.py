@@ -195,6 +195,8 @@ def _build(engine: SimEngine) -> Starlette:
         async with asyncio.TaskGroup() as group:
             loop_task = group.create_task(engine.loop.run(started))
             crash_task = group.create_task(engine.faults.watch_for_crash())
+            kv = engine.kv_events
+            replay_task = None if kv is None else group.create_task(kv.serve_replay())
             await started.wait()
             logger.info(
                 "sim engine ready: %s on %s (tp=%d), %d KV blocks, max_model_len %d; "
@@ -206,11 +208,19 @@ def _build(engine: SimEngine) -> Starlette:
                 engine.max_model_len,
                 engine.config.time_scale,
             )
+            if kv is not None:
+                logger.info(
+                    "KV events on %s (replay: %s)", kv.endpoint, kv.replay_endpoint or "none"
+                )
             try:
                 yield
             finally:
                 loop_task.cancel()
                 crash_task.cancel()
+                if replay_task is not None:
+                    replay_task.cancel()
+        if kv is not None:
+            kv.close()
 
     app = Starlette(
         routes=routes,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.catalog import get_gpu, get_model
 from gpufleet.engine.model import ReplicaConfig
@@ -32,6 +32,34 @@ class FaultConfig(BaseModel):
     """The status of those errors: 500 (an engine fault) or 503 (overloaded)."""
     unhealthy: bool = False
     """``GET /health`` answers 503."""
+
+
+class KvEventsConfig(BaseModel):
+    """vLLM's ``KVEventsConfig``, the fields the sim engine reads (same names, defaults)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enable_kv_cache_events: bool = False
+    publisher: Literal["null", "zmq"] | None = None
+    """``None``: ``zmq`` when events are enabled, else ``null`` (as vLLM)."""
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = Field(10_000, ge=1)
+    hwm: int = Field(100_000, ge=0)
+    max_queue_size: int = Field(100_000, ge=1)
+    """Accepted for vLLM's sake; the sim engine publishes in the loop, with no queue."""
+    topic: str = ""
+
+    @model_validator(mode="after")
+    def _publisher(self) -> KvEventsConfig:
+        if self.publisher is None:
+            chosen = "zmq" if self.enable_kv_cache_events else "null"
+            object.__setattr__(self, "publisher", chosen)
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher == "zmq"
 
 
 class SimEngineConfig(BaseModel):
@@ -65,6 +93,8 @@ class SimEngineConfig(BaseModel):
     dev_mode: bool = False
     """vLLM's ``VLLM_SERVER_DEV_MODE=1``: serve the development endpoints (``/sleep``,
     ``/wake_up``, ``/is_sleeping``); the CLI reads it from the environment, as vLLM does."""
+    kv_events: KvEventsConfig = KvEventsConfig()
+    """``--kv-events-config``: publish the prefix cache's KV events as vLLM does."""
 
     @property
     def name(self) -> str:
@@ -86,4 +116,5 @@ class SimEngineConfig(BaseModel):
             enable_prefix_caching=self.enable_prefix_caching,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             seed=self.seed,
+            kv_events=self.kv_events.enabled and self.enable_prefix_caching,
         )

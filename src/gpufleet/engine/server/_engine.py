@@ -16,6 +16,7 @@ from gpufleet.engine.server._config import SimEngineConfig
 from gpufleet.engine.server._dcgm import DcgmCollector
 from gpufleet.engine.server._errors import EngineUnavailableError, PromptTooLongError
 from gpufleet.engine.server._faults import Faults
+from gpufleet.engine.server._kv_publish import KvEventPublisher
 from gpufleet.engine.server._loop import EngineDeadError, EngineLoop, RequestStream
 from gpufleet.engine.server._metrics import EngineMetrics
 from gpufleet.engine.server._sleep import SleepMetrics, SleepMode
@@ -51,7 +52,12 @@ class SimEngine:
                 "gpu_memory_utilization": str(config.gpu_memory_utilization),
             },
         )
-        self.loop = EngineLoop(self.model, clock, self.metrics)
+        self.kv_events: KvEventPublisher | None = None
+        """The KV-event publisher (``--kv-events-config``), or ``None``."""
+        if replica.kv_events:
+            self.kv_events = KvEventPublisher(config.kv_events)
+        publish = None if self.kv_events is None else self.kv_events.publish
+        self.loop = EngineLoop(self.model, clock, self.metrics, publish=publish)
         hostname = socket.gethostname()
         self.gpus = DcgmCollector(self.model, self.metrics.activity, clock.now, hostname)
         """dcgm-exporter's gauges for the replica's GPUs, modelled (``DCGM_FI_*``)."""

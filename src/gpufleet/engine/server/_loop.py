@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpufleet.engine.model import NewRequest, ReplicaModel, RequestOutput
+from gpufleet.engine.model import KvCacheEvent, NewRequest, ReplicaModel, RequestOutput
 from gpufleet.engine.server._clock import Clock
 from gpufleet.engine.server._metrics import EngineMetrics
 
@@ -80,8 +81,11 @@ class EngineLoop:
         clock: Clock,
         metrics: EngineMetrics,
         slack_real_s: float = DEFAULT_SLACK_REAL_S,
+        publish: Callable[[Sequence[KvCacheEvent]], None] | None = None,
     ) -> None:
         self._model = model
+        self._publish = publish
+        """Where a step's KV events go (``--kv-events-config``), or ``None``."""
         self._clock = clock
         self._metrics = metrics
         self._slack = slack_real_s * clock.time_scale
@@ -163,6 +167,8 @@ class EngineLoop:
             await clock.sleep_until(end - self._early)
             self._t = max(self._t, self._woke(end))
             self._dispatch(model.finish_step(plan, end), end)
+            if self._publish is not None and (events := model.take_kv_events()):
+                self._publish(events)  # before the handlers write: events lead the answer
             # Let the woken handlers write before the next plan is computed.
             await asyncio.sleep(0)
 
