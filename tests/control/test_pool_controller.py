@@ -132,6 +132,38 @@ def test_a_restart_starts_the_checks_over_and_a_repeated_ready_is_no_new_pass() 
     assert len(pool.routable()) == 2
 
 
+def test_a_restarted_replica_takes_traffic_again_though_its_old_process_was_ejected() -> None:
+    # 16 clients: replica 0's process answers 5xx and is ejected (for 30 s); the runtime
+    # replaces the process, and the new one is routed to once it is READY, not 30 s later
+    control = controller(2, health={"outlier": {"consecutive_5xx": 3, "max_ejection_percent": 50}})
+    pool = control.pools[POOL]
+    up(control, 0.0, 2)
+    zero = f"{POOL}-0"
+    first = {c.request_id: c.replica for i in range(16) for c in arrive(control, 1.0, i)}
+    failed = [r for r, x in first.items() if x == zero]
+    out = [
+        c
+        for r in failed
+        for c in control.handle(1.1, AttemptFailed(POOL, r, Outcome.REPLICA_ERROR))
+    ]
+    assert any(isinstance(c, Ejected) and c.record.enforced for c in out)
+    assert [r.id for r in pool.routable()] == [f"{POOL}-1"]
+    for rid, replica in first.items():
+        if replica != zero:
+            control.handle(1.2, Finished(POOL, rid))
+    for c in out:
+        if isinstance(c, Route):
+            control.handle(1.2, Finished(POOL, c.request_id))
+    # the runtime restarted it: a new process, starting, then ready (its first probe passes)
+    control.handle(2.0, seen((0, ReplicaState.STARTING, "a2"), (1, ReplicaState.READY, "a")))
+    for c in control.handle(3.0, seen((0, ReplicaState.READY, "a2"), (1, ReplicaState.READY, "a"))):
+        if isinstance(c, Probe):
+            control.handle(3.0, ProbeAnswered(POOL, c.replica, True))
+    assert len(pool.routable()) == 2
+    second = [c.replica for i in range(16, 32) for c in arrive(control, 3.1, i)]
+    assert second.count(zero) == 8  # least_request: half of 16 concurrent requests
+
+
 def test_a_request_waits_for_a_starting_replica_instead_of_a_503() -> None:
     control = controller(autoscaler={"hold_timeout": 5.0})
     pool = control.pools[POOL]

@@ -242,6 +242,23 @@ def test_a_restarted_replica_must_prove_itself_again() -> None:
     assert _state(policy, 2.0, make_view(1), 0) is S.STARTING
 
 
+def test_a_restarted_replica_does_not_inherit_its_old_process_ejection() -> None:
+    policy = _policy()
+    _fail(policy, 1.0, 0, 5)
+    assert _state(policy, 1.0, make_view(2), 0) is S.EJECTED  # for 5 s
+    _fail(policy, 1.5, 1, 4)  # a failure run that its process's restart ends too
+    # the runtime restarts both (new processes): no ejection or run carries over
+    policy.decide(2.0, make_view([S.STARTING, S.STARTING]))
+    assert _state(policy, 2.5, make_view(2), 0) is S.READY
+    _fail(policy, 2.5, 1, 1)
+    assert _state(policy, 2.5, make_view(2), 1) is S.READY  # 1 failure, not 5
+    # the count is kept: failing again, the new process is ejected for twice the base time
+    _fail(policy, 3.0, 0, 5)
+    decision = policy.decide(3.0, make_view(2))
+    assert decision.states[rid(0)] is S.EJECTED
+    assert [(r.ejections, r.duration) for r in decision.ejections] == [(2, 10.0)]
+
+
 def test_runtime_states_other_than_ready_pass_through_and_gone_replicas_are_forgotten() -> None:
     policy = _policy()
     _fail(policy, 0.0, 1, 5)

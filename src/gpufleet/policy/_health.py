@@ -220,6 +220,12 @@ class HealthPolicy:
         reopened by a probe answered since, and decayed while closed."""
         outlier = self.config.outlier
         health = self._health(now, replica.id)
+        if replica.state in _FRESH:
+            # a new process (or none): the old one's ejection and failure runs are not its
+            # own; the count is kept, so a process that fails again is ejected for longer
+            if health.breaker.phase in EJECTED_PHASES:
+                return close(health.breaker, now)
+            return forgive(health.breaker)
         breaker = half_open_if_due(health.breaker, now)
         answered_at = health.probe.answered_at
         if (
