@@ -52,6 +52,7 @@ from gpufleet.policy import (
     ResidencyConfig,
     RolloutConfig,
     RouterConfig,
+    SpareConfig,
 )
 
 _NAME: Final = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
@@ -415,6 +416,12 @@ class BatchConfig(_Strict):
     max_backoff: float = Field(30.0, gt=0.0)
     """Longest wait before a line refused for now (429 quota, 503 no room) is tried again;
     the waits double from ``Retry-After`` (or 0.5 s) up to it."""
+    spare: SpareConfig | None = SpareConfig()
+    """How batch lines use spare capacity: each pool's controller holds them at a gate and
+    lets them in only into the room the interactive load leaves (``SpareConfig``: a target
+    share of the slots, AIMD on engine queueing and KV pressure; docs/batch.md). ``null``:
+    no gate (lines are admitted like any request of their class). The simulator gates its
+    ``batch``-class requests by the same rule."""
 
 
 class TLSConfig(_Strict):

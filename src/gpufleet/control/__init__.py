@@ -76,6 +76,7 @@ from gpufleet.control._settings import PoolSettings
 
 # The controller's vocabulary (see above): policy values the shells pass around.
 from gpufleet.policy import (
+    BATCH,
     CLASSES,
     AnalysisConfig,
     EjectionRecord,
@@ -90,6 +91,8 @@ from gpufleet.policy import (
     RolloutVerdict,
     ScaleDecision,
     ScaleDirection,
+    SpareConfig,
+    SpareDecision,
     Standby,
     asleep_at,
     decision_record,
@@ -98,6 +101,7 @@ from gpufleet.policy import (
 
 __all__ = [
     "ANONYMOUS",
+    "BATCH",
     "CLASSES",
     "AnalysisConfig",
     "Arrived",
@@ -150,6 +154,8 @@ __all__ = [
     "ScrapedLoad",
     "ServedModel",
     "Sleep",
+    "SpareConfig",
+    "SpareDecision",
     "Standby",
     "Standbys",
     "Tick",

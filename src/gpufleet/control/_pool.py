@@ -75,6 +75,7 @@ from gpufleet.fleet import (
     RouteRequest,
 )
 from gpufleet.policy import (
+    BATCH,
     AutoscalePolicy,
     HealthDecision,
     HealthPolicy,
@@ -83,6 +84,8 @@ from gpufleet.policy import (
     PrecisePrefixRouter,
     Router,
     ScaleDecision,
+    SpareCapacity,
+    SpareView,
     Standby,
     Ticket,
     make_router,
@@ -97,7 +100,7 @@ _DEAD: Final = frozenset({ReplicaState.FAILED, ReplicaState.STOPPED})
 """Runtime states of a replica whose process is gone (crashed, or stopped)."""
 _OUT: Final = frozenset({ReplicaState.EJECTED, ReplicaState.FAILED})
 """Routing states of a replica health has taken out (ejected, or failing its checks)."""
-_QUEUED, _HELD, _ROUTED = 0, 1, 2
+_QUEUED, _HELD, _ROUTED, _GATED = 0, 1, 2, 3
 
 
 class _Request:
@@ -106,6 +109,7 @@ class _Request:
 
     __slots__ = (
         "arrived_at",
+        "batch",
         "candidates",
         "hold_until",
         "phase",
@@ -128,6 +132,8 @@ class _Request:
         self.resumes = 0
         """Times its stream was resumed on another replica."""
         self.phase = _QUEUED
+        self.batch = False
+        """It passed the spare-capacity gate (counted in ``batch_in_flight`` until it ends)."""
         self.replica: ReplicaId | None = None
         self.candidates: list[ReplicaId] = []
         """Where a retry may go next, best first."""
@@ -164,6 +170,10 @@ class PoolCounters:
     hold_served: int = 0
     """Held requests routed once a replica became routable."""
     hold_timeouts: int = 0
+    gated: int = 0
+    """Batch requests that waited at the spare-capacity gate."""
+    gate_expired: int = 0
+    """Batch requests refused at the gate: no room before their deadline."""
 
 
 class PoolController:
@@ -187,6 +197,10 @@ class PoolController:
             if settings.autoscale is None
             else AutoscalePolicy(settings.autoscale, settings.max_num_seqs)
         )
+        self.spare = None if settings.spare is None else SpareCapacity(settings.spare)
+        """The gate of the batch class (docs/batch.md, "Spare capacity")."""
+        self.batch_in_flight = 0
+        """Batch requests let through the gate and not yet ended."""
         self.counters = PoolCounters()
         self.view = FleetView.of(0.0, ())
         """What the router reads: runtime states after health, last scraped loads."""
@@ -206,6 +220,10 @@ class PoolController:
         self._requests: dict[str, _Request] = {}
         self._queued: dict[str, _Request] = {}
         self._held: dict[str, _Request] = {}
+        self._gated: dict[str, _Request] = {}
+        """Batch requests waiting at the gate, oldest first (their tickets hold deadlines)."""
+        self._gate_at: float | None = None
+        """When the gate wants a look: its limit may grow, or a waiting deadline passes."""
         self._health_at: float | None = None
         self._queue_at: float | None = None
         self._scale_start: float | None = None
@@ -305,6 +323,9 @@ class PoolController:
             held = next(iter(self._held.values())).hold_until
             if due is None or held < due:
                 due = held
+        gate = self._gate_at
+        if gate is not None and (due is None or gate < due):
+            due = gate
         if self.autoscaler is not None:
             scale = self._scale_due()
             if due is None or scale < due:
@@ -438,6 +459,8 @@ class PoolController:
             for req in list(self._held.values()):
                 del self._held[req.request.request_id]
                 self._route(now, req, out)
+        if self._gated:
+            self._release(now, out)  # a scrape, health, or replicas came or went
 
     # -- requests -------------------------------------------------------------------------
 
@@ -446,6 +469,9 @@ class PoolController:
         self.counters.arrived += 1
         self._scale_arrivals += 1
         admission = self.admission
+        if self.spare is not None and event.priority == BATCH:
+            self._gate(now, event, out)
+            return
         if admission is None:
             req = _Request(request, None, now, event.resumable)
             self._requests[request.request_id] = req
@@ -464,6 +490,12 @@ class PoolController:
         )
         req = _Request(request, ticket, now, event.resumable)
         self._requests[request.request_id] = req
+        self._enter(now, req, ticket, out)
+
+    def _enter(self, now: float, req: _Request, ticket: Ticket, out: list[Command]) -> None:
+        """Admission for a request with a ticket: it starts now, or waits in the queue."""
+        admission = self.admission
+        assert admission is not None
         if admission.enter(ticket, self.routable()):
             self.in_flight += 1
             self._route(now, req, out)
@@ -475,6 +507,81 @@ class PoolController:
         self._pump(now, out)
         if self._queue_at is None and self._queued:
             self._queue_at = now + admission.config.tick
+
+    # -- the batch class's gate -------------------------------------------------------------
+
+    def _gate(self, now: float, event: Arrived, out: list[Command]) -> None:
+        """A batch request waits at the gate until the pool has room for it (or its deadline:
+        its own, else the gate's ``max_wait``)."""
+        spare = self.spare
+        assert spare is not None
+        request = event.request
+        rid = request.request_id
+        # let through, it enters admission with no deadline: it already waited here
+        ticket = Ticket(
+            rid, request.tenant or ANONYMOUS, BATCH, event.weight, request.prompt_tokens, None, now
+        )
+        req = _Request(request, ticket, now, event.resumable)
+        req.phase = _GATED
+        wait = spare.config.max_wait
+        req.hold_until = event.deadline if event.deadline is not None else now + wait
+        self._requests[rid] = req
+        self._gated[rid] = req
+        self.counters.gated += 1
+        self._release(now, out)
+
+    def _release(self, now: float, out: list[Command]) -> None:
+        """Let the batch requests the gate has room for through (oldest first), into
+        admission (or straight to routing without it); then when to look again. (A line
+        may start the instant any request ends, on any replica: the simulator runs no
+        replica ahead of the fleet while a gate holds its batch tenants.)"""
+        spare = self.spare
+        assert spare is not None
+        gated = self._gated
+        decision = spare.decide(now, self._spare_view())
+        for _ in range(min(decision.room, len(gated))):
+            req = gated.pop(next(iter(gated)))
+            req.phase, req.batch = _QUEUED, True
+            self.batch_in_flight += 1
+            ticket = req.ticket
+            if self.admission is None or ticket is None:
+                self.in_flight += 1
+                self._route(now, req, out)
+            else:
+                self._enter(now, req, ticket, out)
+        due = decision.next_at if gated else None
+        for req in gated.values():
+            if due is None or req.hold_until < due:
+                due = req.hold_until
+        self._gate_at = due
+
+    def _spare_view(self) -> SpareView:
+        routable = self.routable()
+        return SpareView(
+            replicas=len(routable),
+            max_num_seqs=self.settings.max_num_seqs,
+            in_flight=self.in_flight,
+            batch_in_flight=self.batch_in_flight,
+            batch_waiting=len(self._gated),
+            gateway_waiting=len(self._queued) + len(self._held),
+            loads=tuple(r.load for r in routable),
+        )
+
+    def _gate_tick(self, now: float, out: list[Command]) -> None:
+        """Refuse the batch requests whose wait ran out; let through what fits."""
+        for req in [r for r in self._gated.values() if r.hold_until <= now]:
+            del self._gated[req.request.request_id]
+            self.counters.gate_expired += 1
+            self._reject(req, RejectReason.EXPIRED, out)
+        if self._gated:
+            self._release(now, out)
+        else:
+            self._gate_at = None
+
+    @property
+    def gated(self) -> int:
+        """Batch requests waiting at the gate."""
+        return len(self._gated)
 
     def _pump(self, now: float, out: list[Command]) -> None:
         admission = self.admission
@@ -696,6 +803,10 @@ class PoolController:
             del self._held[rid]
             self._done(now, req, None, out)
             return
+        if req.phase == _GATED:
+            del self._requests[rid]
+            del self._gated[rid]
+            return
         del self._requests[rid]
         del self._queued[rid]
         if self.admission is not None and req.ticket is not None:
@@ -713,6 +824,8 @@ class PoolController:
         """A queued request is refused (never admitted)."""
         self.counters.rejected += 1
         del self._requests[req.request.request_id]
+        if req.batch:
+            self.batch_in_flight -= 1
         out.append(Reject(req.request.request_id, reason))
 
     def _done(
@@ -721,10 +834,14 @@ class PoolController:
         self._leave(req, work)
         if self._queued:
             self._pump(now, out)
+        if self._gated:
+            self._release(now, out)  # room, maybe: a request left
 
     def _leave(self, req: _Request, work: tuple[int, int] | None) -> None:
         del self._requests[req.request.request_id]
         self.in_flight -= 1
+        if req.batch:
+            self.batch_in_flight -= 1
         if self.admission is not None and req.ticket is not None:
             self.admission.leave(req.ticket, work)
 
@@ -742,6 +859,8 @@ class PoolController:
             self._finish(req, RejectReason.HOLD_TIMEOUT, out)
         if self._queue_at is not None and now >= self._queue_at:
             self._queue_tick(now, out)
+        if self._gate_at is not None and now >= self._gate_at:
+            self._gate_tick(now, out)
         if self.autoscaler is not None and now >= self._scale_due():
             self._scale(now, out)
 

@@ -13,6 +13,7 @@ from gpufleet.policy import (
     PrecisePrefixConfig,
     PrefixSettings,
     RouterConfig,
+    SpareConfig,
 )
 
 
@@ -40,6 +41,9 @@ class PoolSettings:
     context: int | None = None
     """The longest context the pool's engines serve (``ModelConfig.context_length``;
     ``None``: not known): a longer prompt goes to a fallback, if its served name has one."""
+    spare: SpareConfig | None = None
+    """The gate of the ``batch`` class (``gateway.batch.spare``): batch requests start only
+    into the room interactive load leaves (``None``: admitted like any other class)."""
 
     @classmethod
     def of(
@@ -73,12 +77,14 @@ class PoolSettings:
             hold_requests=gateway.autoscaler.hold_requests,
             hold_timeout=gateway.autoscaler.hold_timeout,
             context=model.context_length,
+            spare=gateway.batch.spare,
         )
 
     @property
     def scraped(self) -> bool:
         """Whether the pool's engines are scraped: its router reads their load, or its
-        admission gauge or autoscaler does. One rule for both shells."""
+        admission gauge or autoscaler does. One rule for both shells. The batch gate
+        reads the scrapes where they are taken, and its own counts everywhere."""
         reads = isinstance(self.routing, KVAwareConfig | PrefixSettings)
         return reads or self.admission is not None or self.autoscale is not None
 

@@ -32,7 +32,7 @@ from typing import IO, Any, Final
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpufleet.config import FleetConfig
-from gpufleet.control import PoolSettings, Route
+from gpufleet.control import BATCH, PoolSettings, Route
 from gpufleet.fleet import Outcome, RouteRequest, text_prefix_hashes
 from gpufleet.gateway._admin import AdminApi
 from gpufleet.gateway._admin_fleet import FleetActions
@@ -412,7 +412,7 @@ class Gateway:
         request in the controller once (a Reject, Finished, or ClientGone)."""
         control, metrics = self.control, self.metrics
         model, request_id = request.model, request.request_id
-        priority, weight, deadline = (0, 1.0, None) if admitted is None else admitted.admission
+        priority, weight, deadline = _admission(admitted, scope)
         ended = False
         state = resume
         bodies = {model: body}  # the body each pool's engines get (_body_of)
@@ -1048,3 +1048,12 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return str(value.decode("latin-1"))
     return None
+
+
+def _admission(admitted: Admitted | None, scope: Scope) -> tuple[int, float, float | None]:
+    """What the pool controller's admission reads of a request: its class, weight and
+    deadline (the tenant's; without tenancy a batch line is still in the batch class, so
+    its pool's spare-capacity gate holds it)."""
+    if admitted is not None:
+        return admitted.admission
+    return (BATCH if BATCH_LINE in scope else 0), 1.0, None

@@ -23,11 +23,15 @@ the gateway and the fleet simulator, which reach them only through it (``.import
 * Residency: :class:`ResidencyPolicy` sleeps idle ``on_demand`` replicas, wakes one for a
   pool with held requests and evicts the least valuable resident of a shared GPU slot
   (docs/residency.md).
+* Batch lines: :class:`SpareCapacity` gates the lowest class, batch, into the room the
+  interactive load leaves (a target share of the slots, AIMD on engine queueing and KV
+  pressure) (docs/batch.md).
 * Variants: :func:`choose_variant` picks a served model's variant (pool) for a request's
   key, weighted and sticky (docs/fleet-file.md, "Served names, variants and fallbacks").
 """
 
 from gpufleet.policy._admission import (
+    BATCH,
     CLASSES,
     AdmissionConfig,
     FairQueue,
@@ -134,12 +138,14 @@ from gpufleet.policy._routers import (
     kv_scores,
 )
 from gpufleet.policy._session import SessionRouter
+from gpufleet.policy._spare import SpareCapacity, SpareConfig, SpareDecision, SpareView
 from gpufleet.policy._variants import choose_variant, variant_point
 
 __all__ = [
     "ACTIVE_ROLLOUT",
     "ASLEEP",
     "AWAKE",
+    "BATCH",
     "CLASSES",
     "DEMAND_HALF_LIFE",
     "HOLDS_MEMORY",
@@ -219,6 +225,10 @@ __all__ = [
     "SessionConfig",
     "SessionRouter",
     "SleepReason",
+    "SpareCapacity",
+    "SpareConfig",
+    "SpareDecision",
+    "SpareView",
     "Standby",
     "Ticket",
     "analyse",

@@ -54,6 +54,8 @@ from gpufleet.policy._autoscale_saturation import pool_utilisation, saturation
 
 CLASSES = ("interactive", "batch")
 """Priority classes, highest first; a ticket's ``priority`` indexes this."""
+BATCH = CLASSES.index("batch")
+"""The lowest class: batch lines (docs/batch.md), gated on spare capacity."""
 
 
 class AdmissionConfig(BaseModel):

@@ -153,8 +153,9 @@ class FleetSimulation:
             models,
             PromptBuilder(vocab, options.seed),
             # A queued request starts the instant another ends, on any replica: no replica
-            # may run ahead of the fleet while admission is on (sim/_admission.py).
-            fast_forward=options.fast_forward and not admitting,
+            # may run ahead of the fleet while admission is on (sim/_admission.py), or
+            # while a batch gate holds a batch tenant's requests (docs/batch.md).
+            fast_forward=options.fast_forward and not admitting and not gated(fleet, options),
         )
         self.admitting = admitting
         known = set(self.replica_ids)
@@ -681,3 +682,10 @@ def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
 def _finite(count: float, span: float) -> float | None:
     value = count / span
     return value if math.isfinite(value) else None
+
+
+def gated(fleet: FleetConfig, options: SimOptions) -> bool:
+    """Whether a pool's batch gate may hold requests: a tenant is in the batch class and
+    the fleet gates that class (``gateway.batch.spare``)."""
+    batch = any(t.priority == "batch" for t in options.tenants)
+    return batch and fleet.gateway.batch.spare is not None

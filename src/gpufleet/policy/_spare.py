@@ -1,0 +1,185 @@
+"""Spare capacity: how many batch lines a pool may run beside its interactive load.
+
+Pure and clock-injected; the pool controller asks it whenever a batch line waits at its
+gate and something changed (a line arrived, a request ended, a scrape, its wake-up)::
+
+    gate = SpareCapacity(config)
+    decision = gate.decide(now, SpareView(replicas, max_num_seqs, in_flight, batch_in_flight,
+                                          batch_waiting, gateway_waiting, loads))
+    start decision.room of the waiting lines; ask again at decision.next_at (if lines wait)
+
+Batch lines are the lowest class: they start only into room the interactive load leaves.
+The rule, a core and three guards (``room`` is what may start now)::
+
+    pressure   any routable replica's scrape shows requests queueing in the engine (more
+               waiting than free slots: waiting > max_num_seqs - running), or KV usage at or
+               above kv_threshold; or requests wait at the gateway (admission queue, holds)
+    limit      AIMD on the batch lines in flight: + increase × replicas at most once per
+               `interval` while lines wait and no pressure (the first at once); on
+               pressure × decrease of what runs (at most once per `interval`: the last
+               cut is given time to show in a scrape)
+    headroom   the pool is filled to `target` of its slots, no further:
+               target × replicas × max_num_seqs − max(own in flight, scraped running+waiting)
+    cap        at most `per_replica` × replicas batch lines (``None``: max_num_seqs each)
+
+    room = 0 under pressure, else min(limit, cap) − batch in flight, and ≤ headroom
+
+A line already running is never recalled: the limit only stops new ones, so the pool backs
+off within the lines' own run time, and at once for new lines (the next event after the
+scrape that shows queueing). The conserved quantity is the controller's: every batch line
+released here is counted in ``batch_in_flight`` until it ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.fleet import ReplicaLoad
+
+_EPS: Final = 1e-9
+"""Slack for float time: a look at ``grown_at + interval`` must grow the limit (the
+controller wakes exactly then; a miss would wake it at that same time again)."""
+
+
+class SpareConfig(BaseModel):
+    """Batch lines on spare capacity (fleet file ``gateway.batch.spare``; docs/batch.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: float = Field(0.8, gt=0.0, le=1.0)
+    """Batch lines fill a pool up to this share of its slots (routable replicas ×
+    ``max_num_seqs``), counting every request in flight, interactive ones included."""
+    per_replica: int | None = Field(None, ge=1)
+    """At most this many batch lines in flight per routable replica (``None``: the engines'
+    ``max_num_seqs``)."""
+    kv_threshold: float = Field(0.9, gt=0.0, le=1.0)
+    """A replica whose scraped KV-cache usage is at or above this is under pressure."""
+    interval: float = Field(0.2, gt=0.0)
+    """Seconds between two additive increases of the limit, and at least between two cuts."""
+    increase: float = Field(1.0, gt=0.0)
+    """Lines per routable replica the limit grows by every ``interval`` without pressure."""
+    decrease: float = Field(0.5, ge=0.0, lt=1.0)
+    """On pressure the limit becomes this share of the batch lines running then."""
+    max_wait: float = Field(60.0, gt=0.0)
+    """Seconds a batch line waits for room when its request names no deadline; then it is
+    refused (503) and the batch runner offers it again."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpareView:
+    """One pool as the gate reads it, at one moment."""
+
+    replicas: int
+    """Routable replicas."""
+    max_num_seqs: int
+    in_flight: int
+    """Requests this controller let into the pool and that have not ended (batch included)."""
+    batch_in_flight: int
+    """Batch lines released by the gate that have not ended."""
+    batch_waiting: int
+    """Batch lines waiting at the gate."""
+    gateway_waiting: int
+    """Other requests waiting at the gateway (the admission queue, holds)."""
+    loads: Sequence[ReplicaLoad] = ()
+    """The routable replicas' last scraped loads (``observed_at`` ``None``: never scraped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpareDecision:
+    room: int
+    """Batch lines that may start now."""
+    limit: float
+    """The AIMD limit on batch lines in flight after this decision."""
+    pressure: str | None
+    """Why nothing may start (``queueing``, ``kv``, ``gateway``), or ``None``."""
+    next_at: float | None
+    """When the limit may grow next (ask again then, if lines still wait), always after
+    ``now``; ``None``: not by time alone (under pressure, an event ends it)."""
+
+
+def pressure(view: SpareView, kv_threshold: float) -> str | None:
+    """Why the pool has no spare capacity now, or ``None``."""
+    if view.gateway_waiting > 0:
+        return "gateway"
+    seqs = view.max_num_seqs
+    for load in view.loads:
+        if load.observed_at is None:
+            continue
+        if load.waiting > max(seqs - load.running, 0):
+            return "queueing"
+        if load.kv_cache_usage >= kv_threshold:
+            return "kv"
+    return None
+
+
+def headroom(view: SpareView, target: float) -> int:
+    """Requests that fit below ``target`` of the pool's slots, by the larger of the own count
+    and the scrape (which sees other gateways' requests too, a scrape late)."""
+    scraped = sum(x.running + x.waiting for x in view.loads if x.observed_at is not None)
+    used = max(view.in_flight, scraped)
+    # a hair under the float product: 0.8 × 10 must give 8, not 7
+    return math.floor(target * view.replicas * view.max_num_seqs + 1e-9) - used
+
+
+class SpareCapacity:
+    """One pool's gate for batch lines: the AIMD limit and when it last moved."""
+
+    __slots__ = ("config", "cut_at", "grown_at", "last", "limit")
+
+    def __init__(self, config: SpareConfig) -> None:
+        self.config = config
+        self.limit = 0.0
+        """Batch lines the pool may run at once, by AIMD (grows from 0 while lines wait)."""
+        self.grown_at: float | None = None
+        self.cut_at: float | None = None
+        self.last: SpareDecision | None = None
+        """The latest decision (what metrics and tests read)."""
+
+    def decide(self, now: float, view: SpareView) -> SpareDecision:
+        """How many batch lines may start now (the limit moved first, by ``now``)."""
+        self.last = decision = self._decide(now, view)
+        return decision
+
+    def _decide(self, now: float, view: SpareView) -> SpareDecision:
+        config = self.config
+        if view.replicas == 0:
+            return SpareDecision(0, self.limit, None, None)  # nothing to run on: wait
+        why = pressure(view, config.kv_threshold)
+        cap = (config.per_replica or view.max_num_seqs) * view.replicas
+        self._adapt(now, view, why, cap)
+        if why is not None:
+            return SpareDecision(0, self.limit, why, None)  # what ends it is an event
+        room = min(
+            math.floor(min(self.limit, cap) + 1e-9) - view.batch_in_flight,
+            headroom(view, config.target),
+        )
+        return SpareDecision(max(room, 0), self.limit, None, self._next(view))
+
+    def _adapt(self, now: float, view: SpareView, why: str | None, cap: int) -> None:
+        """The AIMD step: cut on pressure (once per interval), grow while lines wait."""
+        config = self.config
+        if why is not None:
+            if self.cut_at is None or now - self.cut_at >= config.interval - _EPS:
+                self.limit = min(self.limit, view.batch_in_flight) * config.decrease
+                self.cut_at = self.grown_at = now
+            return
+        if view.batch_waiting == 0:
+            return  # nothing is held back: the limit is not what binds
+        if self.grown_at is None or now - self.grown_at >= config.interval - _EPS:
+            # one step per look at most: after a spell with no line waiting (no looks), the
+            # limit resumes its climb from where it was, not by the time that went by
+            self.limit = min(self.limit + config.increase * view.replicas, float(cap))
+            self.grown_at = now
+
+    def _next(self, view: SpareView) -> float | None:
+        if view.batch_waiting == 0 or self.grown_at is None:
+            return None
+        return self.grown_at + self.config.interval
+
+    def snapshot(self) -> dict[str, float | None]:
+        return {"limit": self.limit, "grown_at": self.grown_at, "cut_at": self.cut_at}
