@@ -36,8 +36,20 @@ def test_the_limit_grows_by_increase_per_replica_once_per_interval() -> None:
     assert gate.decide(0.5, view(batch_waiting=50, batch_in_flight=4)).room == 0  # not yet
     grown = gate.decide(1.0, view(batch_waiting=50, batch_in_flight=4, in_flight=4))
     assert (grown.limit, grown.room, grown.next_at) == (8.0, 4, 2.0)
-    # a look long after (no line waited in between) grows one step, not one per interval
-    assert gate.decide(60.0, view(batch_waiting=50, batch_in_flight=8, in_flight=8)).limit == 12.0
+    # a look long after (no line waited in between) grows one step, not one per interval:
+    # doubled (the slow start: no pressure yet)
+    assert gate.decide(60.0, view(batch_waiting=50, batch_in_flight=8, in_flight=8)).limit == 16.0
+
+
+def test_the_slow_start_doubles_until_the_first_pressure_then_the_climb_is_additive() -> None:
+    gate = SpareCapacity(SpareConfig(interval=1.0, increase=1.0, target=1.0))
+    big = view(max_num_seqs=100, batch_waiting=500)
+    limits = [gate.decide(float(t), big).limit for t in range(5)]
+    assert limits == [2.0, 4.0, 8.0, 16.0, 32.0]  # 2 replicas: +2 at first, then x2
+    hot = replace(big, batch_in_flight=32, in_flight=32, loads=(scraped(kv=0.95),))
+    assert gate.decide(5.0, hot).limit == 16.0  # cut by half
+    calm = replace(big, batch_in_flight=16, in_flight=16)
+    assert [gate.decide(float(t), calm).limit for t in (6, 7)] == [18.0, 20.0]
 
 
 def test_the_limit_stays_put_while_no_line_waits() -> None:
@@ -106,7 +118,8 @@ def test_no_routable_replica_lets_nothing_through() -> None:
 def test_a_look_at_next_at_grows_the_limit_despite_float_time() -> None:
     # the controller wakes exactly at next_at; a float sum must not land just short of it
     gate = SpareCapacity(SpareConfig(interval=0.1, increase=1.0, target=1.0))
-    now, limit = 0.0, 0.0
+    gate.decide(0.0, view(gateway_waiting=1))  # a pressure ends the slow start: +2 a step
+    now, limit = 0.1, 0.0
     for _ in range(50):
         decision = gate.decide(now, view(batch_waiting=100, max_num_seqs=1000))
         assert decision.limit > limit

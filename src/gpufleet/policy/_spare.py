@@ -15,9 +15,11 @@ The rule, a core and three guards (``room`` is what may start now)::
                waiting than free slots: waiting > max_num_seqs - running), or KV usage at or
                above kv_threshold; or requests wait at the gateway (admission queue, holds)
     limit      AIMD on the batch lines in flight: + increase × replicas at most once per
-               `interval` while lines wait and no pressure (the first at once); on
-               pressure × decrease of what runs (at most once per `interval`: the last
-               cut is given time to show in a scrape)
+               `interval` while lines wait and no pressure (the first at once), doubled
+               instead until the first pressure (a slow start, as TCP's: an idle pool
+               of 256-slot engines fills in seconds, not minutes); on pressure × decrease
+               of what runs (at most once per `interval`: the last cut is given time to
+               show in a scrape)
     headroom   the pool is filled to `target` of its slots, no further:
                target × replicas × max_num_seqs − max(own in flight, scraped running+waiting)
     cap        at most `per_replica` × replicas batch lines (``None``: max_num_seqs each)
@@ -173,7 +175,10 @@ class SpareCapacity:
         if self.grown_at is None or now - self.grown_at >= config.interval - _EPS:
             # one step per look at most: after a spell with no line waiting (no looks), the
             # limit resumes its climb from where it was, not by the time that went by
-            self.limit = min(self.limit + config.increase * view.replicas, float(cap))
+            step = self.limit + config.increase * view.replicas
+            if self.cut_at is None:  # no pressure seen yet: the slow start doubles
+                step = max(step, 2 * self.limit)
+            self.limit = min(step, float(cap))
             self.grown_at = now
 
     def _next(self, view: SpareView) -> float | None:
