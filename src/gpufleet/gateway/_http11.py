@@ -169,16 +169,15 @@ class _Conn(asyncio.Protocol):
             self.waiter = None
 
     def start(self, head: bytes, body: bytes) -> None:
-        """Send one request (``head`` then ``body``, one ``writelines``: a long body is not
-        copied behind its head); the previous answer was read to its end."""
+        """Send one request, ``head`` and ``body`` in one write (the body copied once behind
+        its head: ``writelines`` would not copy it, but on uvloop it takes the buffered
+        path, ~70 µs more system time for a 220 kB body); the previous answer was read to
+        its end."""
         assert self.transport is not None
         self.answered = False
         self.done = False
         self.keep = True
-        if body:
-            self.transport.writelines((head, body))
-        else:
-            self.transport.write(head)
+        self.transport.write(head + body if body else head)
 
     async def head(self) -> tuple[int, list[tuple[bytes, bytes]]]:
         """The answer's status and passed headers; framing set up for :meth:`read`."""
