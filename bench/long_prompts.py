@@ -26,10 +26,14 @@ already in ``prefix_aware``'s index (the longest match: its worst case). ``--sma
 
 Each phase runs ``--concurrency`` clients for ``--seconds`` (after ``--warmup``) against
 one target — the backend directly, or a gateway — and the phases alternate target by
-target, ``--repeats`` times, so that gateway and direct see the same machine. TTFT is the
-time from the request's first byte written to the answer's first SSE event read; the added
-TTFT is a gateway's minus direct's (P50 and P99 of the pooled repeats). CPU per request is
-the gateway process's user + system time (``/proc/<pid>/stat``) over the phase / answers.
+target (the gateways' order turning each round), ``--repeats`` times, so that gateway and
+direct see the same machine. TTFT is the time from the request's first byte written to
+the answer's first SSE event read; the added TTFT is a gateway's minus direct's (P50 and
+P99 of the pooled repeats). CPU per request is the gateway process's user + system time
+(``/proc/<pid>/stat``) over the phase / answers.
+
+A closed loop on one saturated gateway core: by Little's law each request waits for the
+others' CPU, so the added TTFT at ``c`` clients is about ``c`` × CPU per request.
 """
 
 from __future__ import annotations
@@ -453,7 +457,13 @@ def _drive(args: argparse.Namespace) -> int:
         for repeat in range(args.repeats):
             for size in sizes:
                 for concurrency in args.concurrency:
-                    for name, port, pid in targets:
+                    # direct first, then the gateways in an order that turns each round
+                    turn = repeat % (len(targets) - 1)
+                    for name, port, pid in [
+                        targets[0],
+                        *targets[1 + turn :],
+                        *targets[1 : 1 + turn],
+                    ]:
                         console.print(
                             f"round {repeat + 1}/{args.repeats}: {size // 1000} kB × "
                             f"{concurrency} → {name} …"
