@@ -168,13 +168,16 @@ class _Conn(asyncio.Protocol):
         finally:
             self.waiter = None
 
-    def start(self, raw: bytes) -> None:
-        """Send one request; the previous answer was read to its end."""
+    def start(self, head: bytes, body: bytes) -> None:
+        """Send one request, ``head`` and ``body`` in one write (the body copied once behind
+        its head: ``writelines`` would not copy it, but on uvloop it takes the buffered
+        path, ~70 µs more system time for a 220 kB body); the previous answer was read to
+        its end."""
         assert self.transport is not None
         self.answered = False
         self.done = False
         self.keep = True
-        self.transport.write(raw)
+        self.transport.write(head + body if body else head)
 
     async def head(self) -> tuple[int, list[tuple[bytes, bytes]]]:
         """The answer's status and passed headers; framing set up for :meth:`read`."""
@@ -472,7 +475,8 @@ class _Sending:
         self.host_port, conn, status, headers = await self.client._exchange(
             request.url,
             b"POST %s HTTP/1.1" % request.path.encode("latin-1"),
-            b"%s\r\ncontent-length: %d\r\n\r\n%s" % (head, len(body), body),
+            b"%s\r\ncontent-length: %d\r\n\r\n" % (head, len(body)),
+            body,
         )
         self.conn = conn
         relay = conn.relay if conn.framing == _CHUNKED else None
@@ -561,10 +565,10 @@ class Http11ReplicaClient:
         return conn
 
     async def _exchange(
-        self, url: str, line: bytes, rest: bytes
+        self, url: str, line: bytes, rest: bytes, body: bytes = b""
     ) -> tuple[tuple[str, int], _Conn, int, list[tuple[bytes, bytes]]]:
-        """Send ``line`` + ``Host`` + ``rest``; read the answer's head. The connection is
-        closed if that fails or is cancelled (a timeout)."""
+        """Send ``line`` + ``Host`` + ``rest`` (the head's end), then ``body``; read the
+        answer's head. The connection is closed if that fails or is cancelled (a timeout)."""
         host_port, host, context = self._target(url)
         raw = line + host + rest
         idle = self._idle.get(host_port)
@@ -574,7 +578,7 @@ class Http11ReplicaClient:
                 conn.close()
                 continue
             try:
-                conn.start(raw)
+                conn.start(raw, body)
                 status, headers = await conn.head()
                 return host_port, conn, status, headers
             except _LostError:
@@ -587,7 +591,7 @@ class Http11ReplicaClient:
                 raise
         conn = await self._open(*host_port, context)
         try:
-            conn.start(raw)
+            conn.start(raw, body)
             status, headers = await conn.head()
         except _LostError as error:
             conn.close()

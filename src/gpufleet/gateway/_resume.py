@@ -85,8 +85,8 @@ def _prompt_kind(prompt: object) -> str | None:
 def ask_for_token_ids(body: bytes) -> bytes:
     """The first attempt's body, asking the engine for the ids it generates (vLLM's
     ``return_token_ids``): one field put first, so a client's own value (last) still wins."""
-    start = body.find(b"{")
-    return body[: start + 1] + b'"return_token_ids":true,' + body[start + 1 :]
+    start = body.find(b"{") + 1
+    return b"".join((body[:start], b'"return_token_ids":true,', memoryview(body)[start:]))
 
 
 @dataclass(slots=True)

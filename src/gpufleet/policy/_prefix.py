@@ -119,15 +119,23 @@ class PrefixIndex:
             lru = self._lru[replica] = OrderedDict()
         bit = 1 << self._slot[replica]
         holders = self._holders
+        held, move = holders.get, lru.move_to_end  # (bound once: a long prompt has 256)
         for h in reversed(hashes):
             if h in lru:
-                lru.move_to_end(h)
+                move(h)
             else:
                 lru[h] = None
-                holders[h] = holders.get(h, 0) | bit
-        while len(lru) > self.capacity:
-            old, _ = lru.popitem(last=False)
-            self._drop(old, bit)
+                holders[h] = held(h, 0) | bit
+        excess = len(lru) - self.capacity
+        if excess > 0:  # the oldest leave: _drop, inlined (a long prompt evicts ~its length)
+            pop, keep = lru.popitem, ~bit
+            for _ in range(excess):
+                old = pop(last=False)[0]
+                mask = holders[old] & keep
+                if mask:
+                    holders[old] = mask
+                else:
+                    del holders[old]
 
     def forget(self, replica: ReplicaId) -> None:
         """Drop everything indexed for ``replica`` (its cache is gone)."""
