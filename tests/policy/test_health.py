@@ -259,6 +259,18 @@ def test_a_restarted_replica_does_not_inherit_its_old_process_ejection() -> None
     assert [(r.ejections, r.duration) for r in decision.ejections] == [(2, 10.0)]
 
 
+def test_a_replica_down_for_long_still_decays_its_count_and_asks_to_wake_later() -> None:
+    # the chaos run hung here once: a stopped replica's count was due to decay, was not
+    # decayed, and the decision asked to be woken at once, again and again
+    policy = _policy()
+    _fail(policy, 0.0, 0, 5)
+    policy.decide(0.0, make_view(1))  # ejected: count 1
+    policy.decide(6.0, make_view([S.STOPPED]))
+    decision = policy.decide(20.0, make_view([S.STOPPED]))
+    assert decision.next_at is None or decision.next_at > 20.0
+    assert policy.snapshot().replicas[rid(0)].breaker.ejections == 0
+
+
 def test_runtime_states_other_than_ready_pass_through_and_gone_replicas_are_forgotten() -> None:
     policy = _policy()
     _fail(policy, 0.0, 1, 5)

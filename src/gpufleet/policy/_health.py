@@ -223,9 +223,9 @@ class HealthPolicy:
         if replica.state in _FRESH:
             # a new process (or none): the old one's ejection and failure runs are not its
             # own; the count is kept, so a process that fails again is ejected for longer
-            if health.breaker.phase in EJECTED_PHASES:
-                return close(health.breaker, now)
-            return forgive(health.breaker)
+            fresh = health.breaker
+            fresh = close(fresh, now) if fresh.phase in EJECTED_PHASES else forgive(fresh)
+            return decay(fresh, now, outlier)  # its count decays (and wakes) as any closed
         breaker = half_open_if_due(health.breaker, now)
         answered_at = health.probe.answered_at
         if (
