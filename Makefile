@@ -25,7 +25,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-cache-dir '$(VLLM_PIN)'
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install --quiet -e . 'pytest>=8.2,<10' 'pytest-asyncio>=0.24,<2'
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e . 'pytest>=8.2,<10' 'pytest-asyncio>=0.24,<2' 'pytest-timeout>=2.3,<3'
 	$(VLLM_VENV)/bin/python -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
 	touch $(VLLM_STAMP)
 
