@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 
-from hypothesis import event, given, register_random, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -69,7 +69,6 @@ class HealthMachine(RuleBasedStateMachine):
             outlier=self.outlier, active=ActiveCheckConfig(enabled=active, interval=1.0)
         )
         self.rng = random.Random(seed)
-        register_random(self.rng)
         self.policy = HealthPolicy(config, self.rng)
         self.size = size
         self.view = make_view(size)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections import Counter, OrderedDict
 
-from hypothesis import given, register_random, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -70,7 +70,6 @@ class RouterMachine(RuleBasedStateMachine):
     def setup(self, policy: str, size: int, seed: int) -> None:
         self.policy = policy
         self.rng = random.Random(seed)
-        register_random(self.rng)
         settings_ = {"policy": self.policy, "panic_threshold": PANIC}
         if self.policy in {"prefix_aware", "prefix_precise"}:  # no feed: precise's fallback
             settings_ |= {"index_blocks": 5, "balance_abs": 1.0}
