@@ -244,3 +244,17 @@ def test_the_pool_whose_held_request_waited_longest_wakes_first() -> None:
         b=PoolDemand(5, 0.0, 1.0, held_since=7.0),
     )
     assert decision.wake == (a.replica,)  # one request held 8 s before five held 3 s
+
+
+def test_an_eviction_is_due_at_the_time_asked_for_not_a_rounding_later() -> None:
+    # 4.957496396690706 - 2.9574963966907064 < 2.0 in floating point: a policy that asked
+    # to be called at since + min_awake and then compared now - since would ask again for
+    # the same instant, and the shell would spin
+    since = 2.9574963966907064
+    assert (since + 2.0) - since < 2.0
+    a = resident("a", Residency.SERVING, since=since)
+    b = resident("b", Residency.SLEEPING_1)
+    held = decide(since + 1.0, a, b, b=demand(held=1))
+    assert held.next_at == since + 2.0
+    due = decide(held.next_at, a, b, b=demand(held=1))
+    assert due.sleep == ((a.replica, 1, SleepReason.EVICTED),)

@@ -351,8 +351,11 @@ class _Choice:
         return None
 
     def _settled(self, r: Resident) -> bool:
-        """Serving for at least ``min_awake``: ``r`` may be evicted."""
-        return r.state is Residency.SERVING and self.now - r.since >= r.config.min_awake
+        """Serving for at least ``min_awake``: ``r`` may be evicted. (Compared as the time
+        it ends, the ``next_at`` asked for: ``now - since < min_awake`` can hold at
+        ``now == since + min_awake`` in floating point, and the shell would call again at
+        once, for ever.)"""
+        return r.state is Residency.SERVING and self.now >= r.since + r.config.min_awake
 
     def wake_one(self, pool: str, slots: Iterable[_Slot]) -> None:
         """Wake one asleep replica of ``pool``: the one whose slot frees its memory at the
