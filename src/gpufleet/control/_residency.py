@@ -98,6 +98,7 @@ class ResidencyControl:
     """Residency of the pools that sleep on demand or share GPU slots."""
 
     __slots__ = (
+        "_memory",
         "_models",
         "_next_at",
         "_observed",
@@ -112,6 +113,8 @@ class ResidencyControl:
 
     def __init__(self, models: Mapping[str, ModelConfig], pools: Mapping[str, PoolController]):
         self._models = dict(models)
+        self._memory = {name: m.memory for name, m in models.items()}
+        """Each pool's share of a slot (read once: ``memory`` parses the engine flags)."""
         self._pools = {name: pools[name] for name in models}
         self.policy = ResidencyPolicy()
         self.meters = {name: DemandMeter() for name in models}
@@ -244,7 +247,7 @@ class ResidencyControl:
                 r.since,
                 r.busy,
                 r.last_used,
-                self._models[r.pool].memory,
+                self._memory[r.pool],
                 self._models[r.pool].residency,
             )
             for r in self._replicas.values()
