@@ -171,3 +171,21 @@ def test_a_recorded_swap_replays_to_the_same_decisions() -> None:
         checked += 1
     assert checked == 10
     assert {"sleep", "wake", "route"} <= kinds
+
+
+def test_a_wake_seen_values_every_pool_with_the_same_weights() -> None:
+    # A and B serve the same model on the same GPU: B's wake takes what A's took, though
+    # B never woke (a prior per pool would value B's miss at startup.load / 20 = 1 s and
+    # make A, seen to wake in 0.5 s, the cheaper to evict however busy it is)
+    control = fleet(min_awake=0.0)
+    start(control)
+    residency = control.residency
+    assert residency is not None
+    assert residency.wake_seconds(A) == residency.wake_seconds(B) == 1.0  # the prior
+    control.handle(0.5, Resident(A, A0, Residency.SLEEPING_1))
+    arrive(control, 2.0, "a1", A)
+    assert control.pools[A].held_since == 2.0
+    control.handle(2.4, Resident(B, B0, Residency.SLEEPING_1))
+    control.handle(2.9, Resident(A, A0, Residency.SERVING))
+    assert control.pools[A].held_since is None
+    assert residency.wake_seconds(A) == residency.wake_seconds(B) == 0.5

@@ -195,3 +195,66 @@ def test_the_demand_meter_decays_with_its_half_life() -> None:
     now = meter.rate(9.0)
     assert now > 0
     assert meter.rate(69.0) == pytest.approx(now / 2)
+
+
+def test_min_awake_delays_an_eviction_it_does_not_move_it_onto_a_busier_model() -> None:
+    # a slot holding two: hot has served long, cold woke a second ago; c wants in
+    hot = resident("hot", Residency.SERVING, memory=0.5, since=0.0)
+    cold = resident("cold", Residency.SERVING, memory=0.5, since=9.0)  # min_awake 2
+    c = resident("c", Residency.SLEEPING_1, memory=0.5)
+    demands = {"hot": demand(rate=1.0), "cold": demand(rate=0.1), "c": demand(held=1)}
+    wait = decide(10.0, hot, cold, c, **demands)
+    assert (wait.sleep, wait.wake) == ((), ())  # not hot, though it may be evicted now
+    assert wait.next_at == 11.0
+    assert decide(11.0, hot, cold, c, **demands).sleep == ((cold.replica, 1, SleepReason.EVICTED),)
+
+
+def test_pools_wanting_one_slot_take_turns_instead_of_evicting_the_busiest() -> None:
+    # a slot holding three: hot and warm serve, one place is free; b and c want in
+    hot = resident("hot", Residency.SERVING, memory=0.3)
+    warm = resident("warm", Residency.SERVING, memory=0.3)
+    b = resident("b", Residency.SLEEPING_1, memory=0.3)
+    c = resident("c", Residency.SLEEPING_1, memory=0.3)
+    demands = {
+        "hot": demand(rate=1.0),
+        "warm": demand(rate=0.5),
+        "b": PoolDemand(1, 0.05, 1.0, held_since=1.0),
+        "c": PoolDemand(1, 0.05, 1.0, held_since=2.0),
+    }
+    first = decide(10.0, hot, warm, b, c, **demands)
+    assert first.wake == (b.replica,)  # b came first: the free place
+    assert first.sleep == ()  # c waits for b's turn to end, warm and hot stay
+    waking = resident("b", Residency.WAKING, memory=0.3, since=10.0)
+    assert decide(10.2, hot, warm, waking, c, **demands).sleep == ()
+    served = resident("b", Residency.SERVING, memory=0.3, since=10.4)
+    assert decide(11.0, hot, warm, served, c, **demands).next_at == 12.4
+    assert decide(12.4, hot, warm, served, c, **demands).sleep == (
+        (served.replica, 1, SleepReason.EVICTED),
+    )
+
+
+def test_the_pool_whose_held_request_waited_longest_wakes_first() -> None:
+    a = resident("a", Residency.SLEEPING_1, memory=0.6)
+    b = resident("b", Residency.SLEEPING_1, memory=0.6)
+    decision = decide(
+        10.0,
+        a,
+        b,
+        a=PoolDemand(1, 0.0, 1.0, held_since=2.0),
+        b=PoolDemand(5, 0.0, 1.0, held_since=7.0),
+    )
+    assert decision.wake == (a.replica,)  # one request held 8 s before five held 3 s
+
+
+def test_an_eviction_is_due_at_the_time_asked_for_not_a_rounding_later() -> None:
+    # 4.957496396690706 - 2.9574963966907064 < 2.0 in floating point: a policy that asked
+    # to be called at since + min_awake and then compared now - since would ask again for
+    # the same instant, and the shell would spin
+    since = 2.9574963966907064
+    assert (since + 2.0) - since < 2.0
+    a = resident("a", Residency.SERVING, since=since)
+    b = resident("b", Residency.SLEEPING_1)
+    held = decide(since + 1.0, a, b, b=demand(held=1))
+    assert held.next_at == since + 2.0
+    due = decide(held.next_at, a, b, b=demand(held=1))
+    assert due.sleep == ((a.replica, 1, SleepReason.EVICTED),)

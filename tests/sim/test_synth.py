@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,11 @@ from gpufleet.sim import (
     DiurnalCurve,
     Spike,
     TraceFormat,
+    TraceRequest,
     load_trace,
     synth_requests,
+    zipf_models,
+    zipf_weights,
 )
 
 SIZES = [(100, 10), (2000, 300), (500, 50)]
@@ -129,3 +133,22 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "peak_rps" in result.output
+
+
+def test_zipf_models_draws_each_rank_at_its_share_and_a_seed_gives_one_mix() -> None:
+    names = [f"m{k:02d}" for k in range(1, 21)]
+    requests = [TraceRequest(i * 0.1, 100, 10) for i in range(40_000)]
+    mix = list(zipf_models(requests, names, s=1.1, seed=3))
+    assert [r.arrival_s for r in mix] == [r.arrival_s for r in requests]  # only the model
+    counts = Counter(r.model for r in mix)
+    shares = zipf_weights(20, 1.1)
+    assert shares[0] == pytest.approx(1 / sum(k**-1.1 for k in range(1, 21)))
+    for name, share in zip(names, shares, strict=True):
+        assert counts[name] / len(mix) == pytest.approx(share, abs=0.01)
+    assert counts["m01"] > 8 * counts["m20"]  # 20**1.1 ≈ 27: a long tail
+    assert mix == list(zipf_models(requests, names, s=1.1, seed=3))
+    assert mix != list(zipf_models(requests, names, s=1.1, seed=4))
+    uniform = Counter(r.model for r in zipf_models(requests, names, s=0.0, seed=3))
+    assert max(uniform.values()) / min(uniform.values()) < 1.2
+    with pytest.raises(ValueError, match="no models"):
+        next(zipf_models(requests, [], seed=0))

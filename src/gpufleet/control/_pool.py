@@ -345,6 +345,13 @@ class PoolController:
     def held(self) -> int:
         return len(self._held)
 
+    @property
+    def held_since(self) -> float | None:
+        """When the oldest request held now arrived (``None``: none is held)."""
+        for req in self._held.values():  # in the order they were held
+            return req.arrived_at
+        return None
+
     def pool_view(self, demand: float = 0.0) -> PoolView:
         """The pool as the autoscaler sees it: the routing view with this controller's
         attempts in flight per replica, the standbys, the held requests."""

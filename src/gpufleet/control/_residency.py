@@ -20,9 +20,12 @@ and asks :class:`~gpufleet.policy.ResidencyPolicy` for a decision, which it carr
 Each pool is told which of its replicas *rest* (any state but serving:
 :meth:`PoolController.rest`). A replica the runtime reports with a new process is serving
 (an engine starts awake); one with no process is ``unloaded``. The time a wake took (Wake to
-``Resident(serving)``) is what the next eviction values a miss of that pool at; until one is
-seen, ``startup.load`` for a level-2 wake and a twentieth of it for level 1 (vLLM reports
-level-1 wakes 18–200× faster than a reload).
+``Resident(serving)``) is what the next eviction values a miss of that pool at, and of every
+pool with the same weights (engine, model, GPU and ``tp``: their wakes copy the same bytes);
+until one is seen, ``startup.load`` for a level-2 wake and a twentieth of it for level 1
+(vLLM reports level-1 wakes 18–200× faster than a reload). Sharing matters: with a prior
+per pool, a busy model whose wake was seen (0.4 s for 8B) would look cheaper to evict than
+an idle twin still valued at the prior (3 s), and be evicted first.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class ResidencyControl:
     """Residency of the pools that sleep on demand or share GPU slots."""
 
     __slots__ = (
+        "_memory",
         "_models",
         "_next_at",
         "_observed",
@@ -109,12 +113,14 @@ class ResidencyControl:
 
     def __init__(self, models: Mapping[str, ModelConfig], pools: Mapping[str, PoolController]):
         self._models = dict(models)
+        self._memory = {name: m.memory for name, m in models.items()}
+        """Each pool's share of a slot (read once: ``memory`` parses the engine flags)."""
         self._pools = {name: pools[name] for name in models}
         self.policy = ResidencyPolicy()
         self.meters = {name: DemandMeter() for name in models}
         self.counters = ResidencyCounters()
         self._replicas: dict[ReplicaId, _Replica] = {}
-        self._observed: dict[tuple[str, int], float] = {}
+        self._observed: dict[tuple[str, str, str, int, int], float] = {}
         self._resting: dict[str, frozenset[ReplicaId]] = {}
         self._next_at: float | None = None
         self.version = 0
@@ -140,6 +146,10 @@ class ResidencyControl:
     def states(self) -> dict[ReplicaId, Residency]:
         """Every managed replica's residency now (metrics, reports)."""
         return {rid: r.state for rid, r in self._replicas.items()}
+
+    def wake_seconds(self, pool: str) -> float:
+        """What the next eviction values a wake of ``pool`` at (seen, else the prior)."""
+        return self._wake_seconds(pool, self._models[pool].residency.level)
 
     def replicas_of(self, pool: str) -> dict[ReplicaId, Residency]:
         return {rid: r.state for rid, r in self._replicas.items() if r.pool == pool}
@@ -191,7 +201,7 @@ class ResidencyControl:
         if event.state is Residency.SERVING:
             if r.wake_sent is not None:
                 took = now - r.wake_sent
-                key = (r.pool, r.level)
+                key = (*self._weights(r.pool), r.level)
                 old = self._observed.get(key)
                 self._observed[key] = took if old is None else old + _WAKE_EWMA * (took - old)
                 self.counters.wakes += 1
@@ -215,8 +225,13 @@ class ResidencyControl:
             if r.state is Residency.DRAINING and not busy and not r.sleep_sent:
                 self._sleep(r, out)
 
+    def _weights(self, pool: str) -> tuple[str, str, str, int]:
+        """What a wake of ``pool``'s replicas copies: pools alike in it wake alike."""
+        m = self._models[pool]
+        return (m.engine.value, m.model or m.name, m.gpu, m.tp)
+
     def _wake_seconds(self, pool: str, level: int) -> float:
-        seen = self._observed.get((pool, level))
+        seen = self._observed.get((*self._weights(pool), level))
         if seen is not None:
             return seen
         load = self._models[pool].startup.load
@@ -232,7 +247,7 @@ class ResidencyControl:
                 r.since,
                 r.busy,
                 r.last_used,
-                self._models[r.pool].memory,
+                self._memory[r.pool],
                 self._models[r.pool].residency,
             )
             for r in self._replicas.values()
@@ -242,6 +257,7 @@ class ResidencyControl:
                 pool.held,
                 self.meters[name].rate(now),
                 self._wake_seconds(name, self._models[name].residency.level),
+                pool.held_since,
             )
             for name, pool in self._pools.items()
         }

@@ -20,9 +20,11 @@ The decision, level-triggered (the same view gives the same decision):
    residents to sleep until it fits.
 2. **Wake on demand**: a pool with held requests and no replica serving or waking gets one
    woken — the asleep replica whose slot needs the least valuable evictions (none: a slot
-   with room). Evictions never touch an ``always`` resident or one awake for less than
-   ``min_awake`` seconds (hysteresis: two models alternating on one slot take turns of at
-   least that long instead of thrashing); the wake itself is sent once the memory is free.
+   with room). Evictions never touch an ``always`` resident; one awake for less than
+   ``min_awake`` seconds is evicted only once that has passed (hysteresis: two models
+   alternating on one slot take turns of at least that long instead of thrashing). The
+   wait never moves the eviction onto a more valuable resident that happens to be out of
+   its ``min_awake`` sooner. The wake itself is sent once the memory is free.
 3. **Idle**: an ``on_demand`` replica with no request in flight for ``idle`` seconds sleeps.
 
 A resident chosen to sleep with requests in flight *drains* first (no new request, the
@@ -151,6 +153,8 @@ class PoolDemand:
     """Arrivals per second, decayed (:class:`DemandMeter`)."""
     wake_seconds: float
     """What a wake of its replicas takes (observed, else a prior)."""
+    held_since: float | None = None
+    """When its oldest held request arrived (``None``: unknown, or none held)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,14 +246,20 @@ def _idle_at(r: Resident) -> float | None:
 
 
 def _wanting(view: ResidencyView) -> list[str]:
-    """Pools with held requests and no replica serving or waking: most requests held
-    first, then by name (deterministic)."""
+    """Pools with held requests and no replica serving or waking: the one whose oldest held
+    request has waited longest first (first come, first served: a pool with one request
+    held is not starved by pools that keep more), then most requests held, then by name."""
     awake = {r.pool for r in view.residents if r.state in AWAKE}
     pools = {r.pool for r in view.residents}
     wanting = [
         p for p in pools if p not in awake and (d := view.demand.get(p)) is not None and d.held
     ]
-    return sorted(wanting, key=lambda p: (-view.demand[p].held, p))
+
+    def order(p: str) -> tuple[float, int, str]:
+        d = view.demand[p]
+        return (math.inf if d.held_since is None else d.held_since, -d.held, p)
+
+    return sorted(wanting, key=order)
 
 
 @dataclass(slots=True)
@@ -261,6 +271,8 @@ class _Slot:
     """Memory of the wakes chosen here (sent now, or once evictions finish)."""
     sent: float = 0.0
     """Memory of the wakes sent now."""
+    incoming: list[Resident] = field(default_factory=list)
+    """The replicas of those wakes."""
 
 
 class _Choice:
@@ -284,22 +296,19 @@ class _Choice:
         )
         return kept + slot.promised
 
-    def _evictable(self, slot: _Slot, *, hysteresis: bool) -> list[Resident]:
-        """Serving ``on_demand`` residents not chosen yet (``hysteresis``: awake for at
-        least ``min_awake``), least valuable first."""
+    def _evictable(self, slot: _Slot) -> list[Resident]:
+        """Serving ``on_demand`` residents not chosen yet, least valuable first (``min_awake``
+        is the caller's to apply)."""
         out = [
             r
             for r in slot.residents
-            if r.state is Residency.SERVING
-            and r.config.on_demand
-            and r.replica not in self.sleeps
-            and (not hysteresis or self.now - r.since >= r.config.min_awake)
+            if r.state is Residency.SERVING and r.config.on_demand and r.replica not in self.sleeps
         ]
         return sorted(out, key=self._key)
 
     def overcommit(self, slot: _Slot) -> None:
         held = self._after(slot)
-        for r in self._evictable(slot, hysteresis=False):
+        for r in self._evictable(slot):
             if held <= 1.0 + _EPS:
                 return
             self.sleeps[r.replica] = (r.config.level, SleepReason.OVERCOMMIT)
@@ -307,23 +316,46 @@ class _Choice:
 
     def _plan(self, waking: Resident, slot: _Slot) -> list[Resident] | None:
         """The residents to evict so that ``waking`` fits once they sleep (``[]``: it fits,
-        or will once those draining sleep); ``None``: it cannot (the rest are ``always``, or
-        awake for less than ``min_awake``: when that ends goes to ``later``)."""
+        or will once those draining sleep); ``None``: not now (the rest are ``always``, or
+        the least valuable are not evictable yet: awake for less than ``min_awake``, when
+        that ends goes to ``later``, or still waking).
+
+        The victims are the least valuable, whether or not they may be evicted now: the
+        candidates include the replicas waking on the slot (sent before, or chosen earlier
+        in this decision), and ``min_awake`` delays an eviction, it never redirects it.
+        Otherwise, under load, the busiest model would be evicted: it is the one woken
+        longest ago, and with several pools wanting one slot, the last of them would evict
+        it while the others, less valuable, are still waking."""
         free = 1.0 - self._after(slot)
         plan: list[Resident] = []
         if waking.memory <= free + _EPS:
             return plan
-        for r in self._evictable(slot, hysteresis=True):
+        waking_now = [r for r in slot.residents if r.state is Residency.WAKING]
+        candidates = [
+            r for r in (*self._evictable(slot), *waking_now, *slot.incoming) if r.config.on_demand
+        ]
+        for r in sorted(candidates, key=self._key):
             plan.append(r)
             free += r.memory
             if waking.memory <= free + _EPS:
-                return plan
-        self.later.extend(
+                break
+        else:
+            return None
+        if all(self._settled(r) for r in plan):
+            return plan
+        self.later.extend(  # a waking one's end is an event: Resident(serving)
             r.since + r.config.min_awake
-            for r in self._evictable(slot, hysteresis=False)
-            if self.now - r.since < r.config.min_awake
+            for r in plan
+            if r.state is Residency.SERVING and not self._settled(r)
         )
         return None
+
+    def _settled(self, r: Resident) -> bool:
+        """Serving for at least ``min_awake``: ``r`` may be evicted. (Compared as the time
+        it ends, the ``next_at`` asked for: ``now - since < min_awake`` can hold at
+        ``now == since + min_awake`` in floating point, and the shell would call again at
+        once, for ever.)"""
+        return r.state is Residency.SERVING and self.now >= r.since + r.config.min_awake
 
     def wake_one(self, pool: str, slots: Iterable[_Slot]) -> None:
         """Wake one asleep replica of ``pool``: the one whose slot frees its memory at the
@@ -345,6 +377,7 @@ class _Choice:
         for e in plan:
             self.sleeps[e.replica] = (e.config.level, SleepReason.EVICTED)
         slot.promised += chosen.memory
+        slot.incoming.append(chosen)
         held_now = sum(r.memory for r in slot.residents if r.state in HOLDS_MEMORY) + slot.sent
         if held_now + chosen.memory <= 1.0 + _EPS:
             slot.sent += chosen.memory

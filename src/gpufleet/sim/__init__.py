@@ -50,7 +50,14 @@ from gpufleet.sim._sweep import (
     run_sweep,
 )
 from gpufleet.sim._sweep_plot import write_pareto_plot
-from gpufleet.sim._synth import DEFAULT_SPIKES, DiurnalCurve, Spike, synth_requests
+from gpufleet.sim._synth import (
+    DEFAULT_SPIKES,
+    DiurnalCurve,
+    Spike,
+    synth_requests,
+    zipf_models,
+    zipf_weights,
+)
 from gpufleet.sim._traces import (
     PREFIX_BLOCK_TOKENS,
     PREFIX_HASH_TOKENS,
@@ -128,4 +135,6 @@ __all__ = [
     "token_prefix_hashes",
     "write_pareto_plot",
     "write_plots",
+    "zipf_models",
+    "zipf_weights",
 ]

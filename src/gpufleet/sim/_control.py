@@ -474,7 +474,9 @@ class SimControl:
         events: list[ScheduledEvent] = []
         for command in commands:
             match command:
-                case Route() if self._local:
+                case Route() | Sleep() | WakeCommand() if self._local:
+                    # a replica's step end: their events are shared, scheduled from a
+                    # shared Dispatch (another part may have run ahead of a sleep's end)
                     self._deferred.append(command)
                 case Route(request_id=rid, replica=replica, resume=resume):
                     events += self._submit(now, int(rid), replica, resume)
@@ -542,7 +544,9 @@ class SimControl:
     def _settle(self, at: float, resident: Resident) -> None:
         harness = self._harness
         if harness is not None:
-            harness.kernel.schedule(at, URGENT, Settled(self, resident))
+            harness.kernel.schedule(
+                max(at, harness.kernel.shared_floor()), URGENT, Settled(self, resident)
+            )
 
     def _resync(self, now: float, command: KvResync) -> list[ScheduledEvent]:
         """A modelled engine loses no batch and keeps none to replay: an empty answer (the
@@ -561,7 +565,7 @@ class SimControl:
         wake = self.control.next_wakeup()
         if wake is None:
             return
-        at = max(wake, now)
+        at = max(wake, harness.kernel.shared_floor())
         if self._wake_at is None or at < self._wake_at or self._wake_at < now:
             self._wake_at = at
             harness.kernel.schedule(at, URGENT, Wake(self))
@@ -624,7 +628,8 @@ class SimControl:
         harness = self._harness
         if self._deferred and harness is not None:
             commands, self._deferred = tuple(self._deferred), []
-            harness.kernel.schedule(now, URGENT, Dispatch(self, commands))
+            kernel = harness.kernel
+            kernel.schedule(kernel.shared_floor(), URGENT, Dispatch(self, commands))
 
     def _submit(
         self, now: float, index: int, replica: ReplicaId, resume: bool = False
@@ -695,7 +700,8 @@ class SimControl:
             self._local = False
         if self._deferred and harness is not None:
             commands, self._deferred = tuple(self._deferred), []
-            harness.kernel.schedule(now, URGENT, Dispatch(self, commands))
+            kernel = harness.kernel
+            kernel.schedule(kernel.shared_floor(), URGENT, Dispatch(self, commands))
 
     def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
         """Request ``index`` was lost in a crash of ``replica`` (a shared event): as live,

@@ -133,6 +133,14 @@ class Kernel:
                 scheduled.time, scheduled.priority, scheduled.event, local=scheduled.local
             )
 
+    def shared_floor(self) -> float:
+        """The earliest time a shared event may be scheduled now: ``now``, or the latest
+        time ``next_shared`` promised if a part may have run ahead to it. A part handling
+        a local event that has something shared to do (a replica's step end that frees a
+        place for a held request) schedules it here: at once when no part ran ahead, else
+        at the instant the run-ahead reached (at most the next shared event)."""
+        return max(self._now, self._promised)
+
     def peek(self) -> float:
         """Time of the next event; ``math.inf`` when nothing is scheduled."""
         local, shared = self._local, self._shared

@@ -3,6 +3,7 @@
     curve = DiurnalCurve(peak_rps=6.0)                      # the documented default shape
     for request in synth_requests(curve, sizes, seed=0):    # TraceRequest, in arrival order
         ...
+    many = zipf_models(synth_requests(...), names, s=1.1, seed=0)   # a Zipf model mix
 
 Arrivals are a non-homogeneous Poisson process of rate ``curve.rate(t)``, drawn by thinning
 (Lewis and Shedler, 1979): candidates at the curve's highest rate, each kept with
@@ -14,10 +15,12 @@ one trace, to the byte. docs/traces.md documents the curve, the spikes and the d
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from gpufleet.sim._traces import TraceRequest
@@ -117,3 +120,30 @@ def synth_requests(
         if rng.random() * top < curve.rate(t):
             prompt, output = sizes[rng.randrange(len(sizes))]
             yield TraceRequest(round(t, 6), prompt, output)
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    """The Zipf(``s``) shares of ranks 1..``n``: ``k**-s``, normalised to sum to 1."""
+    if n < 1 or not s >= 0:
+        raise ValueError(f"a Zipf mix needs n >= 1 and s >= 0, got n={n}, s={s}")
+    raw = [k**-s for k in range(1, n + 1)]
+    total = math.fsum(raw)
+    return [w / total for w in raw]
+
+
+def zipf_models(
+    requests: Iterable[TraceRequest], models: Sequence[str], *, s: float = 1.1, seed: int
+) -> Iterator[TraceRequest]:
+    """``requests``, each naming one of ``models``: the ``k``-th (from 1, in the order
+    given) with probability ∝ ``k**-s`` (:func:`zipf_weights`), drawn independently.
+
+    A many-models fleet's mix (docs/residency.md): a few popular models and a long tail.
+    ``random.Random(seed)`` draws one number per request, so a seed gives one mix."""
+    if not models:
+        raise ValueError("no models to draw from")
+    cumulative = list(itertools.accumulate(zipf_weights(len(models), s)))
+    rng = random.Random(f"gpufleet-zipf-models-{seed}")
+    last = len(models) - 1
+    for request in requests:
+        k = min(bisect.bisect_right(cumulative, rng.random()), last)  # rounding at the top
+        yield replace(request, model=models[k])
