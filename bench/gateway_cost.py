@@ -48,8 +48,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +58,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
+from _procs import free_port, process, wait_port
 from gpufleet.config import parse_fleet
 from gpufleet.fleet import ReplicaId
 from gpufleet.gateway import (
@@ -311,13 +310,6 @@ def _loadgen(args: argparse.Namespace) -> None:
 # -- the driver ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _cpu(pids: list[int]) -> float:
     """User + system CPU seconds of ``pids`` so far."""
     total = 0
@@ -325,32 +317,6 @@ def _cpu(pids: list[int]) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])
     return total / TICK
-
-
-def _wait_port(port: int, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing listens on {port}") from None
-            time.sleep(0.05)
-
-
-@contextmanager
-def _process(argv: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[str]]:
-    process = subprocess.Popen(argv, text=True, **kwargs)
-    try:
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 _NGINX_CONF = """
@@ -479,9 +445,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _drive(args: argparse.Namespace) -> int:
     console = Console(width=130)
-    backends = [_free_port() for _ in range(REPLICAS)]
+    backends = [free_port() for _ in range(REPLICAS)]
     ports = ",".join(map(str, backends))
-    nginx_port = _free_port()
+    nginx_port = free_port()
     me = [sys.executable, __file__]
     nginx = shutil.which("nginx") or (
         "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
@@ -493,7 +459,7 @@ def _drive(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="gateway-cost-"))
         backend = stack.enter_context(
-            _process(
+            process(
                 [*me, "--role", "backend", "--ports", ports, "--chunks", str(args.chunks),
                  "--chunk-gap", str(args.chunk_gap)],
                 stdout=subprocess.PIPE,
@@ -503,16 +469,16 @@ def _drive(args: argparse.Namespace) -> int:
         backend.stdout.readline()
         gateways: list[tuple[str, int, int]] = []
         for server in servers:
-            port = _free_port()
-            process = stack.enter_context(
-                _process(
+            port = free_port()
+            gateway = stack.enter_context(
+                process(
                     [*me, "--role", "gateway", "--port", str(port), "--ports", ports,
                      "--policy", args.policy, "--server", server]
                 )
             )  # fmt: skip
-            _wait_port(port)
+            wait_port(port)
             gateways.append(("gateway" if server == "own" else f"gateway ({server})", port,
-                             process.pid))  # fmt: skip
+                             gateway.pid))  # fmt: skip
         time.sleep(1.5)  # the first probes and scrapes: every replica routable
         for name, port, pid in gateways:
             console.print(f"{name} ({args.policy}) …")
@@ -526,7 +492,7 @@ def _drive(args: argparse.Namespace) -> int:
             nginx_proc = subprocess.Popen([nginx, "-c", str(conf), "-p", scratch])
         try:
             if nginx_proc is not None:
-                _wait_port(nginx_port)
+                wait_port(nginx_port)
                 console.print("nginx …")
                 n = _measure(args, nginx_port, _nginx_pids(nginx_proc.pid))
                 results.append(Measured("nginx", *n, p50_ms=0, p99_ms=0))

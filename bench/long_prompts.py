@@ -45,19 +45,18 @@ import json
 import os
 import platform
 import random
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import uvloop
+
+from _procs import free_port, process, wait_port
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "long_prompts.json"
@@ -301,45 +300,12 @@ def _loadgen(args: argparse.Namespace) -> None:
 # -- the driver ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _cpu(pid: int | None) -> tuple[float, float]:
     """User and system CPU seconds of ``pid`` so far."""
     if pid is None:
         return 0.0, 0.0
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) / TICK, int(fields[12]) / TICK
-
-
-def _wait_port(port: int, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing listens on {port}") from None
-            time.sleep(0.05)
-
-
-@contextmanager
-def _process(argv: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[str]]:
-    process = subprocess.Popen(argv, text=True, **kwargs)
-    try:
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _phase(
@@ -427,14 +393,14 @@ def _drive(args: argparse.Namespace) -> int:
     from rich.table import Table  # noqa: PLC0415
 
     console = Console(width=180)
-    backends = [_free_port() for _ in range(REPLICAS)]
+    backends = [free_port() for _ in range(REPLICAS)]
     ports = ",".join(map(str, backends))
     me = [sys.executable, __file__]
     trees = [("", REPO)] + ([("before ", args.before.resolve())] if args.before else [])
     phases: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as stack:
         backend = stack.enter_context(
-            _process([*me, "--role", "backend", "--ports", ports], stdout=subprocess.PIPE)
+            process([*me, "--role", "backend", "--ports", ports], stdout=subprocess.PIPE)
         )
         assert backend.stdout is not None
         backend.stdout.readline()
@@ -442,16 +408,16 @@ def _drive(args: argparse.Namespace) -> int:
         for label, tree in trees:
             env = {**os.environ, "PYTHONPATH": str(tree / "src")}
             for policy in args.policies:
-                port = _free_port()
-                process = stack.enter_context(
-                    _process(
+                port = free_port()
+                gateway = stack.enter_context(
+                    process(
                         [*me, "--role", "gateway", "--port", str(port), "--ports", ports,
                          "--policy", policy],
                         env=env,
                     )
                 )  # fmt: skip
-                _wait_port(port)
-                targets.append((f"{label}{policy}", port, process.pid))
+                wait_port(port)
+                targets.append((f"{label}{policy}", port, gateway.pid))
         time.sleep(1.5)  # the first probes and scrapes: every replica routable
         sizes = [args.size, args.small]
         for repeat in range(args.repeats):
