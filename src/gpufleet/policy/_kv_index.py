@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpufleet.fleet import KvBatch, KvCleared, KvRemoved, KvStored, ReplicaId
+from gpufleet.policy._prefix import record_depth
 
 
 class _Feed:
@@ -326,19 +327,12 @@ class KvBlockIndex:
             h = hashes[depth]
             still = alive & (holders.get(h, 0) | flight.get(h, 0))
             if still != alive:
-                self._record(alive & ~still, depth, matched)
+                record_depth(self._owner, alive & ~still, depth, matched)
                 if not still:
                     return matched
                 alive = still
-        self._record(alive, len(hashes), matched)
+        record_depth(self._owner, alive, len(hashes), matched)
         return matched
-
-    def _record(self, mask: int, depth: int, matched: dict[ReplicaId, int]) -> None:
-        owner = self._owner
-        while mask:
-            low = mask & -mask
-            matched[owner[low.bit_length() - 1]] = depth
-            mask ^= low
 
     def holds(self, replica: ReplicaId, h: int) -> bool:
         """Whether ``replica``'s engine reported ``h`` cached (and not removed since)."""

@@ -54,6 +54,17 @@ _FRESH_CACHE = frozenset({ReplicaState.STARTING, ReplicaState.STOPPED})
 """States in which a replica's real cache is empty (or gone): its index entries are dropped."""
 
 
+def record_depth(
+    owner: Mapping[int, ReplicaId], mask: int, depth: int, matched: dict[ReplicaId, int]
+) -> None:
+    """``matched[r] = depth`` for each replica whose bit (its slot in ``owner``) is in
+    ``mask``: the index walks a prompt's blocks with one bit per replica."""
+    while mask:
+        low = mask & -mask
+        matched[owner[low.bit_length() - 1]] = depth
+        mask ^= low
+
+
 class PrefixIndex:
     """Per replica, the last ``capacity`` prefix blocks routed to it; longest-prefix lookup."""
 
@@ -93,19 +104,12 @@ class PrefixIndex:
         for depth in range(1, len(hashes)):
             still = alive & holders.get(hashes[depth], 0)
             if still != alive:
-                self._record(alive & ~still, depth, matched)
+                record_depth(self._owner, alive & ~still, depth, matched)
                 if not still:
                     return matched
                 alive = still
-        self._record(alive, len(hashes), matched)
+        record_depth(self._owner, alive, len(hashes), matched)
         return matched
-
-    def _record(self, mask: int, depth: int, matched: dict[ReplicaId, int]) -> None:
-        owner = self._owner
-        while mask:
-            low = mask & -mask
-            matched[owner[low.bit_length() - 1]] = depth
-            mask ^= low
 
     def insert(self, replica: ReplicaId, hashes: Sequence[int]) -> None:
         """Record that ``replica`` was sent a prompt with these prefix blocks."""
