@@ -10,6 +10,7 @@ served it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -195,8 +196,12 @@ def test_a_blue_green_switch_under_streaming_load_cuts_no_stream() -> None:
         async def watch() -> None:
             deadline = time.monotonic() + 60
             async with httpx.AsyncClient(base_url=running.url) as http:
-                while (await http.get("/admin/rollouts/chat")).json()["phase"] != "promoted":
-                    assert time.monotonic() < deadline
+                while (now := (await http.get("/admin/rollouts/chat")).json())[
+                    "phase"
+                ] != "promoted":
+                    if time.monotonic() >= deadline:
+                        print("STALL", json.dumps(now), json.dumps(verdicts(running)))
+                    assert time.monotonic() < deadline, (now, verdicts(running))
                     await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)
             stop.set()

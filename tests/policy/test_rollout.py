@@ -41,17 +41,18 @@ def feed(
     pool: str,
     slow: float = 1.0,
     error_rate: float = 0.0,
+    now: float | None = None,
 ) -> None:
     """``n`` requests of ``pool``: lognormal TTFT (median 0.2 s, heavy tail) and ITL
     (median 20 ms) times ``slow``; a share ``error_rate`` of them fail (5xx)."""
     ttft, itl = [], []
     for _ in range(n):
         error = rng.random() < error_rate
-        rollout.outcome(pool, error=error)
+        rollout.outcome(pool, error=error, now=now)
         if not error:
             ttft.append(slow * rng.lognormvariate(-1.6, 0.6))
             itl.append(slow * rng.lognormvariate(-3.9, 0.3))
-    rollout.latencies(pool, ttft, itl)
+    rollout.latencies(pool, ttft, itl, now)
 
 
 def test_the_tests_separate_worse_from_alike() -> None:
@@ -218,8 +219,11 @@ def test_blue_green_warms_switches_and_rolls_back_to_the_old_pool() -> None:
     )
     assert dict(switch.weights) == {"v1": 0.0, "v2": 100.0}
     # after the switch only the new pool serves; it is compared with the old one's baseline
+    # over a whole step after the switch settled (half a step: 11 + 5 + 10)
+    assert rollout.next_wakeup() == 26.0
     feed(rollout, rng, 200, pool="v2", slow=3.0)
-    verdict = rollout.decide(21.0, {"v1": 2, "v2": 2})
+    assert rollout.decide(21.0, {"v1": 2, "v2": 2}) is None
+    verdict = rollout.decide(26.0, {"v1": 2, "v2": 2})
     assert verdict is not None
     assert verdict.verdict is RolloutVerdict.ROLLBACK
     assert dict(verdict.weights) == {"v1": 100.0, "v2": 0.0}
@@ -233,13 +237,41 @@ def test_blue_green_of_a_good_version_is_promoted_after_its_bake() -> None:
     feed(rollout, rng, 100, pool="v1")
     assert rollout.decide(5.0, {"v1": 2, "v2": 2}).verdict is RolloutVerdict.SWITCH  # type: ignore[union-attr]
     feed(rollout, rng, 100, pool="v2")
-    done = rollout.decide(10.0, {"v1": 2, "v2": 2})
+    done = rollout.decide(12.5, {"v1": 2, "v2": 2})
     assert done is not None
     assert (done.verdict, done.phase, done.share) == (
         RolloutVerdict.PROMOTE,
         RolloutPhase.PROMOTED,
         100.0,
     )
+
+
+def test_a_blue_green_switchs_first_moments_are_not_analysed() -> None:
+    # the live test's rollback under a loaded machine: right after the switch the new pool
+    # answered 2.6x slower (cold caches, every session's first request at once), then not
+    rng = random.Random(5)
+    config = RolloutConfig(to="v2", strategy="blue-green", step_seconds=4.0, settle_seconds=2.0)
+    rollout = Rollout("chat", config, BASE, now=0.0)
+    rollout.begin(0.0)
+    feed(rollout, rng, 100, pool="v1", now=1.0)
+    assert rollout.decide(4.0, {"v1": 2, "v2": 2}).verdict is RolloutVerdict.SWITCH  # type: ignore[union-attr]
+    feed(rollout, rng, 100, pool="v2", slow=3.0, now=5.0)  # settling: not counted
+    feed(rollout, rng, 100, pool="v2", now=6.5)
+    assert rollout.next_wakeup() == 10.0
+    done = rollout.decide(10.0, {"v1": 2, "v2": 2})
+    assert done is not None
+    assert done.verdict is RolloutVerdict.PROMOTE, done.reason
+    # without the settle, the same samples roll it back
+    eager = Rollout("chat", config.model_copy(update={"settle_seconds": 0.0}), BASE, now=0.0)
+    eager.begin(0.0)
+    rng = random.Random(5)
+    feed(eager, rng, 100, pool="v1", now=1.0)
+    eager.decide(4.0, {"v1": 2, "v2": 2})
+    feed(eager, rng, 100, pool="v2", slow=3.0, now=5.0)
+    feed(eager, rng, 100, pool="v2", now=6.5)
+    late = eager.decide(8.0, {"v1": 2, "v2": 2})
+    assert late is not None
+    assert late.verdict is RolloutVerdict.ROLLBACK
 
 
 def test_operators_pause_resume_promote_and_abort() -> None:

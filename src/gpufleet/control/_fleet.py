@@ -304,7 +304,7 @@ class FleetController:
         pool = self.pools.get(event.model)
         commands = [] if pool is None else pool.handle(now, event)
         if self.rollouts.watched and not isinstance(event, ClientGone):
-            self.rollouts.outcome(event)
+            self.rollouts.outcome(now, event)
         if flight is not None and not isinstance(event, AttemptFailed):
             del self._flights[event.request_id]  # it ended (answered, or its client left)
         return event, commands
@@ -364,7 +364,7 @@ class FleetController:
     def _rollout(self, now: float, event: Latencies | RolloutStart | RolloutAct) -> list[Command]:
         rollouts = self.rollouts
         if isinstance(event, Latencies):
-            rollouts.latencies(event)
+            rollouts.latencies(now, event)
             return []
         if isinstance(event, RolloutStart):
             return rollouts.start(now, event, self._ready())

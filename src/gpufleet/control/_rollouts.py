@@ -92,16 +92,16 @@ class Rollouts:
         decision = rollout.act(now, event.action)
         return [self._apply(rollout, decision)]
 
-    def outcome(self, event: AttemptFailed | Finished) -> None:
+    def outcome(self, now: float, event: AttemptFailed | Finished) -> None:
         """A request's attempt on a watched pool ended."""
         rollout = self.watched.get(event.model)
         if rollout is not None and event.outcome in _COUNTED:
-            rollout.outcome(event.model, error=event.outcome is not Outcome.SUCCESS)
+            rollout.outcome(event.model, error=event.outcome is not Outcome.SUCCESS, now=now)
 
-    def latencies(self, event: Latencies) -> None:
+    def latencies(self, now: float, event: Latencies) -> None:
         rollout = self.watched.get(event.model)
         if rollout is not None:
-            rollout.latencies(event.model, event.ttft, event.itl)
+            rollout.latencies(event.model, event.ttft, event.itl, now)
 
     def due(self, now: float, ready: Mapping[str, int]) -> list[Command]:
         out: list[Command] = []

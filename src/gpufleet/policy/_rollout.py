@@ -24,6 +24,7 @@ noisy P99 cannot roll a version back, and a tiny but significant difference does
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -244,6 +245,7 @@ class Rollout:
         "old",
         "olds",
         "phase",
+        "settle_until",
         "step",
         "window_start",
     )
@@ -286,6 +288,8 @@ class Rollout:
         self.old = RolloutWindow(config.analysis.max_samples)
         self.window_start = now
         self.deadline = now + config.step_seconds
+        self.settle_until = -math.inf
+        """Samples before this are not analysed (a blue-green switch's first moments)."""
 
     @property
     def steps(self) -> tuple[float, ...]:
@@ -318,15 +322,19 @@ class Rollout:
             return self.new
         return self.old if pool in self.base else None
 
-    def outcome(self, pool: str, *, error: bool) -> None:
+    def outcome(self, pool: str, *, error: bool, now: float | None = None) -> None:
+        """A request's attempt on ``pool`` ended (``now``: when; ``None``: counted)."""
         window = self.side(pool)
-        if window is not None:
+        if window is not None and (now is None or now >= self.settle_until):
             window.requests += 1
             window.errors += error
 
-    def latencies(self, pool: str, ttft: Iterable[float], itl: Iterable[float]) -> None:
+    def latencies(
+        self, pool: str, ttft: Iterable[float], itl: Iterable[float], now: float | None = None
+    ) -> None:
+        """Latencies measured on ``pool`` (``now``: when reported; ``None``: counted)."""
         window = self.side(pool)
-        if window is not None:
+        if window is not None and (now is None or now >= self.settle_until):
             window.ttft.extend(ttft)
             window.itl.extend(itl)
 
@@ -373,6 +381,11 @@ class Rollout:
             return self._decision(now, RolloutVerdict.WAIT, why)
         self.baseline = self.old
         self._advance(now)
+        settle = self.config.settle_seconds
+        if settle is None:
+            settle = min(self.config.step_seconds / 2, 30.0)
+        self.settle_until = now + settle  # the bake's window starts after the switch settles
+        self.window_start, self.deadline = self.settle_until, self.deadline + settle
         return self._decision(
             now, RolloutVerdict.SWITCH, f"{self.config.to} is warm ({new_ready} ready)"
         )

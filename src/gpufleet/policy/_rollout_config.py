@@ -67,6 +67,10 @@ class RolloutConfig(_RolloutSettings):
     step_seconds: float = Field(60.0, gt=0.0)
     """How long each step runs before its analysis (blue-green: the warm-up's least length,
     and the bake after the switch)."""
+    settle_seconds: float | None = Field(None, ge=0.0)
+    """Blue-green: seconds after the switch whose samples are not analysed (all traffic
+    moves at once: the new pool starts with cold caches and every new session's first
+    request); the bake's window starts after them. ``None``: half a step, at most 30 s."""
     analysis: AnalysisConfig = AnalysisConfig()
 
     @field_validator("steps")
