@@ -161,7 +161,7 @@ def test_a_blue_green_switch_under_streaming_load_cuts_no_stream() -> None:
     32 clients stream throughout, and every stream ends with its finish reason."""
     config = rolling_fleet()
     data = config.model_dump(mode="json", exclude_none=True)
-    data["served"][0]["rollout"] |= {"strategy": "blue-green", "step_seconds": 3.0}
+    data["served"][0]["rollout"] |= {"strategy": "blue-green", "step_seconds": 5.0}
     config = parse_fleet(data, source="test")
     with fleet_of(config, time_scale=1.0) as running:
         ended: list[tuple[str, str | None]] = []
@@ -200,7 +200,7 @@ def test_a_blue_green_switch_under_streaming_load_cuts_no_stream() -> None:
                     "phase"
                 ] != "promoted":
                     if time.monotonic() >= deadline:
-                        print("STALL", json.dumps(now), json.dumps(verdicts(running)))
+                        print("not promoted:", json.dumps(now), json.dumps(verdicts(running)))
                     assert time.monotonic() < deadline, (now, verdicts(running))
                     await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)
