@@ -55,6 +55,31 @@ def wait_ready(base: str, timeout: float = 10.0, verify: ssl.SSLContext | bool =
         time.sleep(0.05)
 
 
+def replica_pids(parent: int) -> list[int]:
+    """The engine processes ``gpufleet up`` (``parent``) runs now, oldest first."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"engine" in cmdline:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def wait_routable(base: str, model: str, count: int, timeout: float = 60.0) -> None:
+    """Until the gateway's ``/ready`` counts ``count`` routable replicas of ``model``."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(base + "/ready").json()["routable"][model] != count:
+        assert time.monotonic() < deadline, f"not {count} routable replicas after {timeout} s"
+        time.sleep(0.02)
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     """Kill the process if it still runs (a test's ``finally``)."""
     if process.poll() is None:

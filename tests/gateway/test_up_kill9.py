@@ -16,7 +16,7 @@ import httpx
 import openai
 
 from gpufleet.store import Store
-from tests.up_process import start_up, stop, wait_ready
+from tests.up_process import replica_pids, start_up, stop, wait_ready, wait_routable
 
 FLEET = """
 models:
@@ -105,30 +105,6 @@ CLIENTS = 16
 KILLS = 10
 
 
-def _replica_pids(parent: int) -> list[int]:
-    """The engine processes ``gpufleet up`` (``parent``) runs now, oldest first."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue  # gone meanwhile
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"engine" in cmdline:
-            pids.append(int(entry.name))
-    return sorted(pids)
-
-
-def _routable(base: str, count: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while httpx.get(base + "/ready").json()["routable"]["llama-3.1-8b"] != count:
-        assert time.monotonic() < deadline, f"not {count} routable replicas after {timeout} s"
-        time.sleep(0.02)
-
-
 def test_kill_9_of_a_replica_under_load_fails_no_request(tmp_path: Path) -> None:
     """Issue 14: 16 clients (the official client, no client retries) send chats to two
     replicas; one replica is SIGKILLed, the runtime restarts it, then the other is killed,
@@ -162,14 +138,14 @@ def test_kill_9_of_a_replica_under_load_fails_no_request(tmp_path: Path) -> None
 
     threads = [threading.Thread(target=send, args=(w,)) for w in range(CLIENTS)]
     try:
-        _routable(base, 2)
+        wait_routable(base, "llama-3.1-8b", 2)
         for t in threads:
             t.start()
         time.sleep(0.5)
         for kill in range(KILLS):
             before = served
-            os.kill(_replica_pids(process.pid)[0], signal.SIGKILL)  # the longer-lived one
-            _routable(base, 2)  # restarted and routable again
+            os.kill(replica_pids(process.pid)[0], signal.SIGKILL)  # the longer-lived one
+            wait_routable(base, "llama-3.1-8b", 2)  # restarted and routable again
             assert served > before, f"kill {kill}: nothing was served"
         done.set()
         for t in threads:
@@ -247,14 +223,14 @@ def test_kill_9_of_a_replica_under_embeddings_and_responses_fails_no_request(
     threads = [threading.Thread(target=send, args=(w,)) for w in range(CLIENTS)]
     try:
         wait_ready(base, timeout=30)
-        _routable(base, 2)
+        wait_routable(base, "llama-3.1-8b", 2)
         for t in threads:
             t.start()
         time.sleep(0.5)
         for kill in range(3):
             before = len(served)
-            os.kill(_replica_pids(process.pid)[0], signal.SIGKILL)
-            _routable(base, 2)
+            os.kill(replica_pids(process.pid)[0], signal.SIGKILL)
+            wait_routable(base, "llama-3.1-8b", 2)
             assert len(served) > before, f"kill {kill}: nothing was served"
         done.set()
         for t in threads:

@@ -438,6 +438,32 @@ class TLSConfig(_Strict):
     kept."""
 
 
+class TracingConfig(_Strict):
+    """OpenTelemetry traces of the requests the gateway proxies, sent over OTLP/HTTP
+    (docs/tracing.md). Needs the ``tracing`` extra (``pip install 'gpufleet[tracing]'``)."""
+
+    endpoint: str
+    """The collector's OTLP/HTTP traces URL (``http://127.0.0.1:4318/v1/traces``)."""
+    sample: float = Field(1.0, ge=0.0, le=1.0)
+    """The share of new traces kept (by trace id). A request whose client sends a
+    ``traceparent`` follows the client's choice instead."""
+    service_name: str = Field("gpufleet-gateway", min_length=1)
+    """The ``service.name`` of the gateway's spans."""
+    headers: dict[str, str] = {}
+    """Headers of every export (a collector's API key)."""
+    export_interval: float = Field(1.0, gt=0.0)
+    """Seconds between two exports of the spans that ended meanwhile (sooner when 512 wait).
+    Each attempt sends its span as the engine's ``traceparent``: an engine that traces
+    (vLLM's ``--otlp-traces-endpoint`` in a model's ``args``) joins the same trace."""
+
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value
+
+
 class GatewayConfig(_Strict):
     """The gateway's address and its upstream behaviour."""
 
@@ -468,6 +494,9 @@ class GatewayConfig(_Strict):
     admission queue stay in each gateway's memory."""
     batch: BatchConfig = BatchConfig()
     """The Batch API and its runner (docs/batch.md)."""
+    tracing: TracingConfig | None = None
+    """OpenTelemetry traces of proxied requests (docs/tracing.md); ``None``: none (the
+    request path then pays nothing for them)."""
     metrics_allow: tuple[str, ...] = ()
     """Client networks (CIDR, ``127.0.0.1/32``, ``10.0.0.0/8``, ``::1/128``) that read
     ``/metrics`` without a credential when auth is on, so Prometheus needs no key (default:

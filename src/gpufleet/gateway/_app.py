@@ -27,12 +27,12 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gpufleet.config import FleetConfig
-from gpufleet.control import BATCH, PoolSettings, Route
+from gpufleet.config import FleetConfig, TracingConfig
+from gpufleet.control import BATCH, PoolSettings, Reject, Route
 from gpufleet.fleet import Outcome, RouteRequest, text_prefix_hashes
 from gpufleet.gateway._admin import AdminApi
 from gpufleet.gateway._admin_fleet import FleetActions
@@ -62,11 +62,15 @@ from gpufleet.gateway._resume import StreamResume, ask_for_token_ids, resumable
 from gpufleet.gateway._rollouts import RolloutShell
 from gpufleet.gateway._routes import ROUTES, ProxyRoute
 from gpufleet.gateway._server import MAX_BODY
+from gpufleet.gateway._spans import NO_SPANS, Spans
 from gpufleet.gateway._tenancy import BATCH_LINE, OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._tls import ReplicaTLS
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
 from gpufleet.gateway._watch import FleetWatch
 from gpufleet.store import Store
+
+if TYPE_CHECKING:  # imported where tracing is on (the `tracing` extra)
+    from gpufleet.gateway._tracing import Tracing
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -118,6 +122,7 @@ class Gateway:
         self._client: ReplicaClient | None = client
         self._clock = clock
         self.metrics = GatewayMetrics(registry)
+        gateway_tracing = config.gateway.tracing
         admitting = tenancy is not None  # the gateway queues only with auth on
         self.control = LiveControl(
             config,
@@ -150,6 +155,8 @@ class Gateway:
                 tenancy=tenancy,
                 body_timeout=config.gateway.timeouts.request_body,
             )
+        self.tracing = None if gateway_tracing is None else _tracing(gateway_tracing)
+        """OpenTelemetry spans of proxied requests (docs/tracing.md); ``None``: off."""
         self._created = int(time.time())
         self._id_prefix = os.urandom(8).hex()
         self._count = 0
@@ -209,7 +216,8 @@ class Gateway:
             if route is not None:
                 if method != "POST":
                     raise MethodNotAllowedError(f"{method} is not allowed on {path}")
-                await self._proxy(route, path, scope, receive, send, request_id=request_id, rid=rid)
+                proxy = self._proxy if self.tracing is None else self._traced
+                await proxy(route, path, scope, receive, send, request_id, rid)
             elif self.batches is not None and batch_path(path):
                 await self.batches.api.handle(scope, receive, send, rid)
             else:
@@ -282,6 +290,8 @@ class Gateway:
                     stack.callback(self.tenancy.close)
                     stack.push_async_callback(self.tenancy.aclose)
                 stack.callback(self.control.stop)
+                if self.tracing is not None:  # the spans still waiting go out (a thread)
+                    stack.push_async_callback(asyncio.to_thread, self.tracing.shutdown)
                 async with asyncio.TaskGroup() as tg:
                     # probes run in the group; the replica list arrives once it can hold them
                     self.control.start(tg, self._client)
@@ -320,21 +330,48 @@ class Gateway:
 
     # -- the proxy ------------------------------------------------------------------------
 
-    async def _proxy(
+    async def _traced(  # noqa: PLR0917 - _proxy's, traced
         self,
         route: ProxyRoute,
         path: str,
         scope: Scope,
         receive: Receive,
         send: Send,
-        *,
         request_id: str,
         rid: Header,
+    ) -> None:
+        """:meth:`_proxy` in a trace of its own (a request refused before it reaches a pool,
+        a bad body or an unknown model, included)."""
+        assert self.tracing is not None
+        trace = self.tracing.request(scope["headers"], scope["method"], path, request_id)
+        status = 500
+        try:
+            await self._proxy(route, path, scope, receive, send, request_id, rid, trace)
+        except GatewayError as error:
+            status = error.status
+            raise
+        except asyncio.CancelledError:
+            status = 499
+            raise
+        finally:
+            trace.end(status)  # (ended already by _proxy where the request reached a pool)
+
+    async def _proxy(  # noqa: PLR0917 - the request as _http has it
+        self,
+        route: ProxyRoute,
+        path: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: str,
+        rid: Header,
+        trace: Spans = NO_SPANS,
     ) -> None:
         arrived = self._clock()
         body = await _read_body(receive, self._timeouts.request_body)
         payload = _parse(body, route)
         model = payload["model"]
+        trace.model(model)
         hashes = self.control.hashes(model)
         if hashes is None:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
@@ -376,6 +413,7 @@ class Gateway:
                 arrived=arrived,
                 admitted=admitted,
                 resume=stream,
+                trace=trace,
             )
         except asyncio.CancelledError:
             if not watch.stop():
@@ -390,8 +428,9 @@ class Gateway:
                 self.tenancy.finish(admitted, status)
             self.metrics.child(self.metrics.requests, model, str(status)).inc()
             self.metrics.child(self.metrics.e2e, model).observe(self._clock() - arrived)
+            trace.end(status, admitted)
 
-    async def _route(
+    async def _route(  # noqa: PLR0915 - the walk in one place; trace hooks are a line each
         self,
         route: ProxyRoute,
         path: str,
@@ -405,6 +444,7 @@ class Gateway:
         arrived: float,
         admitted: Admitted | None = None,
         resume: StreamResume | None = None,
+        trace: Spans = NO_SPANS,
     ) -> int:
         """The request's walk as its pool controller decides it: admission, then an attempt
         on each replica it routes to, until one answers or it is refused; a stream that can
@@ -417,9 +457,11 @@ class Gateway:
         state = resume
         bodies = {model: body}  # the body each pool's engines get (_body_of)
         try:
+            trace.deciding()
             decision = await control.arrive(
                 request, priority, weight, deadline, resumable=state is not None
             )
+            trace.decided(decision)
             if isinstance(decision, Route):
                 self._routed(decision.model or model, decision, arrived, admitted)
             stream = route.streams and payload.get("stream") is True
@@ -430,25 +472,25 @@ class Gateway:
                 replica = decision.replica
                 pool = decision.model or model
                 upstream = control.upstreams[replica]  # the controller routes to known ones
-                assert upstream.url is not None
+                url = upstream.url
+                assert url is not None
                 if admitted is not None:
                     admitted.replica = replica
                 (in_flight := metrics.child(metrics.in_flight, replica)).inc()
                 outcome = Outcome.CANCELLED
+                sent = trace.attempt(decision, pool, url, headers)
                 try:
                     if decision.resume:
                         assert state is not None
                         status, outcome, broke = await self._resume(
-                            UpstreamRequest(
-                                upstream.url, path, _for_pool(state.body, pool, model), headers
-                            ),
+                            UpstreamRequest(url, path, _for_pool(state.body, pool, model), sent),
                             state,
                             send,
                             admitted=admitted,
                         )
                     else:
                         status, outcome, broke = await self._attempt(
-                            UpstreamRequest(upstream.url, path, _body_of(bodies, pool), headers),
+                            UpstreamRequest(url, path, _body_of(bodies, pool), sent),
                             stream,
                             send,
                             rid=rid,
@@ -459,11 +501,13 @@ class Gateway:
                             state=state,
                             broken=route.broken,
                         )
+                    trace.attempt_ended(outcome, status, broke=broke)
                 except UpstreamError as failure:
                     outcome, last = failure.outcome, failure
-                    decision = await control.failed(pool, request_id, outcome)
+                    decision = await self._retry(pool, request_id, failure, trace)
                     continue
                 finally:
+                    trace.attempt_ended(outcome)  # cancelled (the others ended it already)
                     in_flight.dec()
                     metrics.child(metrics.attempts, replica, outcome.value).inc()
                     if replica not in control.upstreams:  # it left while this ran
@@ -481,6 +525,17 @@ class Gateway:
             if not ended:  # the client left (or a bug): the controller lets it go
                 control.gone(model, request_id)
             raise
+
+    async def _retry(
+        self, pool: str, request_id: str, failure: UpstreamError, trace: Spans
+    ) -> Route | Reject:
+        """An attempt failed before the first byte: the controller's next decision (a
+        retry, a fallback's first attempt, or the Reject that ends the request)."""
+        trace.attempt_ended(failure.outcome, None, failure)
+        trace.deciding()
+        decision = await self.control.failed(pool, request_id, failure.outcome)
+        trace.decided(decision)
+        return decision
 
     async def _after(  # noqa: PLR0917 - an attempt's end, as _route has it
         self,
@@ -964,6 +1019,17 @@ def _auditor(
     if store is not None:
         return lambda row: store.write([("audit", row)])
     return None
+
+
+def _tracing(config: TracingConfig) -> Tracing:
+    try:
+        from gpufleet.gateway._tracing import Tracing  # noqa: PLC0415 - only where it is on
+    except ImportError as error:
+        raise ValueError(
+            f"gateway.tracing needs OpenTelemetry ({error.name} is missing): "
+            "pip install 'gpufleet[tracing]'"
+        ) from None
+    return Tracing(config)
 
 
 def _work(admitted: Admitted | None) -> tuple[int, int] | None:
