@@ -72,6 +72,8 @@ class _Replica:
     reason: str = ""
     sleep_sent: bool = False
     wake_sent: float | None = None
+    woken: bool = False
+    """It serves because a Wake woke it (``min_awake`` holds it), not since it started."""
 
 
 @dataclass(slots=True)
@@ -207,6 +209,7 @@ class ResidencyControl:
                 self.counters.wakes += 1
                 self.counters.wake_seconds += took
             r.last_used = now
+            r.woken = r.wake_sent is not None
         elif event.state in ASLEEP:
             r.level = 1 if event.state is Residency.SLEEPING_1 else 2
         r.state, r.since = event.state, now
@@ -249,6 +252,7 @@ class ResidencyControl:
                 r.last_used,
                 self._memory[r.pool],
                 self._models[r.pool].residency,
+                r.woken,
             )
             for r in self._replicas.values()
         )

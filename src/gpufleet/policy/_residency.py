@@ -20,11 +20,12 @@ The decision, level-triggered (the same view gives the same decision):
    residents to sleep until it fits.
 2. **Wake on demand**: a pool with held requests and no replica serving or waking gets one
    woken — the asleep replica whose slot needs the least valuable evictions (none: a slot
-   with room). Evictions never touch an ``always`` resident; one awake for less than
-   ``min_awake`` seconds is evicted only once that has passed (hysteresis: two models
-   alternating on one slot take turns of at least that long instead of thrashing). The
-   wait never moves the eviction onto a more valuable resident that happens to be out of
-   its ``min_awake`` sooner. The wake itself is sent once the memory is free.
+   with room). Evictions never touch an ``always`` resident; one woken less than
+   ``min_awake`` seconds ago is evicted only once that has passed (hysteresis: two models
+   alternating on one slot take turns of at least that long instead of thrashing; an
+   engine that started awake was woken for no one and is not held). The wait never moves
+   the eviction onto a more valuable resident that happens to be out of its ``min_awake``
+   sooner. The wake itself is sent once the memory is free.
 3. **Idle**: an ``on_demand`` replica with no request in flight for ``idle`` seconds sleeps.
 
 A resident chosen to sleep with requests in flight *drains* first (no new request, the
@@ -141,6 +142,9 @@ class Resident:
     memory: float
     """Its share of the slot's GPU memory while awake."""
     config: ResidencyConfig
+    woken: bool = True
+    """It serves because a Wake woke it. An engine that started awake (or stayed awake
+    after a failed sleep) was woken for no one: ``min_awake`` does not hold it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +359,9 @@ class _Choice:
         it ends, the ``next_at`` asked for: ``now - since < min_awake`` can hold at
         ``now == since + min_awake`` in floating point, and the shell would call again at
         once, for ever.)"""
-        return r.state is Residency.SERVING and self.now >= r.since + r.config.min_awake
+        if r.state is not Residency.SERVING:
+            return False
+        return not r.woken or self.now >= r.since + r.config.min_awake
 
     def wake_one(self, pool: str, slots: Iterable[_Slot]) -> None:
         """Wake one asleep replica of ``pool``: the one whose slot frees its memory at the
