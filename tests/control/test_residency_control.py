@@ -210,3 +210,19 @@ def test_a_wake_seen_values_every_pool_with_the_same_weights() -> None:
     control.handle(2.9, Resident(A, A0, Residency.SERVING))
     assert control.pools[A].held_since is None
     assert residency.wake_seconds(A) == residency.wake_seconds(B) == 0.5
+
+
+def test_a_busy_replicas_drain_is_timed_and_charged_to_the_next_eviction() -> None:
+    # B is evicted with a request in flight at 2.0 and sleeps when it ends at 3.0: a 1 s
+    # drain, what the policy charges for evicting a busy B next (and A, none of its own seen)
+    control = fleet(min_awake=0.0)
+    start(control)
+    residency = control.residency
+    assert residency is not None
+    assert residency.drain_seconds(A) == residency.drain_seconds(B) == 0.0
+    control.handle(0.5, Resident(A, A0, Residency.SLEEPING_1))
+    arrive(control, 1.0, "b1", B)
+    arrive(control, 2.0, "a1", A)
+    assert residency.drain_seconds(B) == 0.0  # draining, not over yet
+    control.handle(3.0, Finished(B, "b1"))
+    assert residency.drain_seconds(B) == residency.drain_seconds(A) == 1.0
