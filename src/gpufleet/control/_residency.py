@@ -26,6 +26,11 @@ until one is seen, ``startup.load`` for a level-2 wake and a twentieth of it for
 (vLLM reports level-1 wakes 18–200× faster than a reload). Sharing matters: with a prior
 per pool, a busy model whose wake was seen (0.4 s for 8B) would look cheaper to evict than
 an idle twin still valued at the prior (3 s), and be evicted first.
+
+The time a busy replica's eviction waited for its last request (chosen to sleep to Sleep
+sent) is what the next wake charges for evicting a busy replica of that pool (averaged; a
+pool with none seen gets the mean of the others', and 0 before any is seen): the policy
+then prefers an idle resident of like value to a drain.
 """
 
 from __future__ import annotations
@@ -72,6 +77,10 @@ class _Replica:
     reason: str = ""
     sleep_sent: bool = False
     wake_sent: float | None = None
+    woken: bool = False
+    """It serves because a Wake woke it (``min_awake`` holds it), not since it started."""
+    drain_from: float | None = None
+    """When it was chosen to sleep with requests in flight (its drain is being timed)."""
 
 
 @dataclass(slots=True)
@@ -98,6 +107,7 @@ class ResidencyControl:
     """Residency of the pools that sleep on demand or share GPU slots."""
 
     __slots__ = (
+        "_drains",
         "_memory",
         "_models",
         "_next_at",
@@ -121,6 +131,8 @@ class ResidencyControl:
         self.counters = ResidencyCounters()
         self._replicas: dict[ReplicaId, _Replica] = {}
         self._observed: dict[tuple[str, str, str, int, int], float] = {}
+        self._drains: dict[str, float] = {}
+        """Per pool, what an eviction of a busy replica waited for its requests (EWMA)."""
         self._resting: dict[str, frozenset[ReplicaId]] = {}
         self._next_at: float | None = None
         self.version = 0
@@ -207,6 +219,7 @@ class ResidencyControl:
                 self.counters.wakes += 1
                 self.counters.wake_seconds += took
             r.last_used = now
+            r.woken = r.wake_sent is not None
         elif event.state in ASLEEP:
             r.level = 1 if event.state is Residency.SLEEPING_1 else 2
         r.state, r.since = event.state, now
@@ -223,6 +236,10 @@ class ResidencyControl:
                 r.last_used = now  # in use since the last event, or just ended
             r.busy = busy
             if r.state is Residency.DRAINING and not busy and not r.sleep_sent:
+                if r.drain_from is not None:
+                    took, old = now - r.drain_from, self._drains.get(r.pool)
+                    self._drains[r.pool] = took if old is None else old + _WAKE_EWMA * (took - old)
+                    r.drain_from = None
                 self._sleep(r, out)
 
     def _weights(self, pool: str) -> tuple[str, str, str, int]:
@@ -237,6 +254,14 @@ class ResidencyControl:
         load = self._models[pool].startup.load
         return load if level == 2 else load / _LEVEL_1_SPEEDUP
 
+    def drain_seconds(self, pool: str) -> float:
+        """What evicting a busy replica of ``pool`` waits for its requests: seen for the
+        pool, else the mean of what was seen for the others, else 0 (none charged)."""
+        seen = self._drains.get(pool)
+        if seen is not None:
+            return seen
+        return sum(self._drains.values()) / len(self._drains) if self._drains else 0.0
+
     def _view(self, now: float) -> ResidencyView:
         residents = tuple(
             ResidentView(
@@ -249,6 +274,7 @@ class ResidencyControl:
                 r.last_used,
                 self._memory[r.pool],
                 self._models[r.pool].residency,
+                r.woken,
             )
             for r in self._replicas.values()
         )
@@ -258,6 +284,7 @@ class ResidencyControl:
                 self.meters[name].rate(now),
                 self._wake_seconds(name, self._models[name].residency.level),
                 pool.held_since,
+                self.drain_seconds(name),
             )
             for name, pool in self._pools.items()
         }
@@ -271,6 +298,7 @@ class ResidencyControl:
             r.state, r.since, r.level, r.reason = Residency.DRAINING, now, level, reason
             if reason != "idle":
                 self.counters.evictions += 1
+            r.drain_from = now if r.busy else None
             if not r.busy:
                 self._sleep(r, out)
         for rid in decision.wake:

@@ -19,12 +19,13 @@ The decision, level-triggered (the same view gives the same decision):
 1. **Overcommit** (engines start awake): a slot holding more than 1 puts its least valuable
    residents to sleep until it fits.
 2. **Wake on demand**: a pool with held requests and no replica serving or waking gets one
-   woken — the asleep replica whose slot needs the least valuable evictions (none: a slot
-   with room). Evictions never touch an ``always`` resident; one awake for less than
-   ``min_awake`` seconds is evicted only once that has passed (hysteresis: two models
-   alternating on one slot take turns of at least that long instead of thrashing). The
-   wait never moves the eviction onto a more valuable resident that happens to be out of
-   its ``min_awake`` sooner. The wake itself is sent once the memory is free.
+   woken — the asleep replica whose slot needs the cheapest evictions (none: a slot with
+   room; the price: value, and a drain, below). Evictions never touch an ``always``
+   resident; one woken less than ``min_awake`` seconds ago is evicted only once that has
+   passed (hysteresis: two models alternating on one slot take turns of at least that
+   long instead of thrashing; an engine that started awake was woken for no one and is
+   not held). The wait never moves the eviction onto a more valuable resident that happens
+   to be out of its ``min_awake`` sooner. The wake itself is sent once the memory is free.
 3. **Idle**: an ``on_demand`` replica with no request in flight for ``idle`` seconds sleeps.
 
 A resident chosen to sleep with requests in flight *drains* first (no new request, the
@@ -42,6 +43,19 @@ evict a 70B model (a 37 s reload) as readily as an 8B one (4 s), and plain LFU n
 a model that was busy yesterday. ``demand_rate`` decays with a half-life
 (:data:`DEMAND_HALF_LIFE`), so recency enters through it; with no recent demand anywhere
 the rule is LRU.
+
+**A busy resident costs a drain.** Evicting a resident with requests in flight makes the
+held requests wait for the last of them (its pool's observed ``drain_seconds``: seconds,
+where a level-1 wake is 0.4 s). A wake weighs each candidate at its value plus, if busy::
+
+    miss_cost(wanting) × held(wanting) × drain_seconds × missing_rate / memory
+
+where ``missing_rate`` is the other pools' requests per second that find no replica awake:
+the next eviction comes in about ``1 / missing_rate`` seconds, and the busy resident, idle
+by then, would be its victim; evicting an idle, more valuable resident now costs the
+difference in value for about that long. So a resident of like value that is idle goes
+instead of a busy one, and a much more valuable one stays (with no other misses, or no
+drain seen yet, the order is value alone).
 """
 
 from __future__ import annotations
@@ -141,6 +155,9 @@ class Resident:
     memory: float
     """Its share of the slot's GPU memory while awake."""
     config: ResidencyConfig
+    woken: bool = True
+    """It serves because a Wake woke it. An engine that started awake (or stayed awake
+    after a failed sleep) was woken for no one: ``min_awake`` does not hold it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +172,9 @@ class PoolDemand:
     """What a wake of its replicas takes (observed, else a prior)."""
     held_since: float | None = None
     """When its oldest held request arrived (``None``: unknown, or none held)."""
+    drain_seconds: float = 0.0
+    """What evicting one of its replicas with requests in flight takes until the last
+    ends (observed, else 0: no drain is charged before one is seen)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +238,7 @@ class ResidencyPolicy:
         slots: dict[tuple[str, int], _Slot] = {}
         for r in view.residents:
             slots.setdefault(r.slot, _Slot()).residents.append(r)
-        choice = _Choice(now, view.demand)
+        choice = _Choice(now, view.demand, _missing(view))
         for slot in slots.values():
             choice.overcommit(slot)
         for pool in _wanting(view):
@@ -243,6 +263,14 @@ def _idle_at(r: Resident) -> float | None:
     if not r.config.on_demand or r.state is not Residency.SERVING or r.in_flight:
         return None
     return r.last_used + r.config.idle
+
+
+def _missing(view: ResidencyView) -> float:
+    """Requests per second that find their model with no replica serving or waking: the
+    rate of misses, each of which will want a slot."""
+    awake = {r.pool for r in view.residents if r.state in AWAKE}
+    pools = {r.pool for r in view.residents} - awake
+    return math.fsum(d.rate for p in pools if (d := view.demand.get(p)) is not None)
 
 
 def _wanting(view: ResidencyView) -> list[str]:
@@ -278,9 +306,10 @@ class _Slot:
 class _Choice:
     """One decision's working sets: the sleeps and wakes chosen so far."""
 
-    def __init__(self, now: float, demand: Mapping[str, PoolDemand]) -> None:
+    def __init__(self, now: float, demand: Mapping[str, PoolDemand], missing: float) -> None:
         self.now = now
         self.demand = demand
+        self.missing = missing
         self.sleeps: dict[ReplicaId, tuple[int, SleepReason]] = {}
         self.wakes: list[ReplicaId] = []
         self.later: list[float] = []
@@ -288,6 +317,23 @@ class _Choice:
     def _key(self, r: Resident) -> tuple[float, float, str]:
         """Eviction order: least valuable first, then least recently used, then by name."""
         return (value(r, self.demand.get(r.pool)), r.last_used, r.replica)
+
+    def _price(self, r: Resident, waking: Resident) -> float:
+        """What evicting ``r`` for ``waking``'s held requests costs: its value, and if it has
+        requests in flight, the drain those held requests wait (its pool's observed
+        ``drain_seconds``) spread over the time until the next miss elsewhere (the misses
+        of the other pools with none awake): evicting a more valuable idle resident instead
+        costs the difference in value for about that long, since the busy one, idle by
+        then, would be the next miss's victim."""
+        price = value(r, self.demand.get(r.pool))
+        if r.in_flight and r.state is Residency.SERVING:
+            wanting = self.demand[waking.pool]
+            victim = self.demand.get(r.pool)
+            drain = 0.0 if victim is None else victim.drain_seconds
+            others = max(0.0, self.missing - wanting.rate)
+            cost = waking.config.miss_cost * wanting.held * drain * others
+            price += cost / max(r.memory, _EPS)
+        return price
 
     def _after(self, slot: _Slot) -> float:
         """The slot's memory held once the sleeps chosen (now and before) are done."""
@@ -334,7 +380,7 @@ class _Choice:
         candidates = [
             r for r in (*self._evictable(slot), *waking_now, *slot.incoming) if r.config.on_demand
         ]
-        for r in sorted(candidates, key=self._key):
+        for r in sorted(candidates, key=lambda c: (self._price(c, waking), *self._key(c))):
             plan.append(r)
             free += r.memory
             if waking.memory <= free + _EPS:
@@ -355,7 +401,9 @@ class _Choice:
         it ends, the ``next_at`` asked for: ``now - since < min_awake`` can hold at
         ``now == since + min_awake`` in floating point, and the shell would call again at
         once, for ever.)"""
-        return r.state is Residency.SERVING and self.now >= r.since + r.config.min_awake
+        if r.state is not Residency.SERVING:
+            return False
+        return not r.woken or self.now >= r.since + r.config.min_awake
 
     def wake_one(self, pool: str, slots: Iterable[_Slot]) -> None:
         """Wake one asleep replica of ``pool``: the one whose slot frees its memory at the
@@ -368,7 +416,7 @@ class _Choice:
                 plan = self._plan(r, slot)
                 if plan is None:
                     continue
-                cost = sum(value(e, self.demand.get(e.pool)) for e in plan)
+                cost = math.fsum(self._price(e, r) for e in plan)
                 if best is None or (cost, len(plan), r.replica) < best[:3]:
                     best = (cost, len(plan), r.replica, r, slot, plan)
         if best is None:
