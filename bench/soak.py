@@ -9,6 +9,12 @@ served model of the fleet, streamed and not, in a closed loop with a short pause
 ``--sample`` seconds the bench reads the gateway's RSS and open file descriptors from
 ``/proc`` and the interval's TTFT (streamed requests: to the first chunk) and failures.
 
+Faults on a schedule (``--chaos-every`` seconds, 0: none), in turn: one engine process
+SIGKILLed (the runtime restarts it), and one hung for ``--hang`` seconds (SIGSTOP, then
+SIGCONT: a replica that stops answering without closing its connections). Each is logged
+with its time and drawn on the plot; the gateway's retries and resumed streams are read from
+its ``/metrics`` at the end.
+
 The verdict (issue 14's bar): after ``--warmup`` minutes, RSS grows less than 5 % (the
 median of the last three samples against the median of the first three after warm-up),
 the open file descriptors do not grow (the median of the last three is at most the most of
@@ -21,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -31,6 +39,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
 import openai
 import yaml
 from rich.console import Console
@@ -39,9 +48,22 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.up_process: `gpufleet up` as a child process
 
-from tests.up_process import start_up, stop, wait_ready  # noqa: E402
+from tests.up_process import replica_pids, start_up, stop, wait_ready  # noqa: E402
 
 GROWTH_LIMIT = 0.05
+FLEET = """
+# The soak's fleet: two pools, each with room left when one of its replicas fails (the bar
+# is that such a failure costs clients nothing; a pool's only replica cannot promise it).
+models:
+  - name: llama-3.1-8b
+    replicas: 3
+    routing: prefix_aware
+    args: ["--time-scale", "1"]
+  - name: qwen2.5-7b
+    replicas: 2
+    routing: kv_aware
+    args: ["--time-scale", "1"]
+"""
 
 
 @dataclass
@@ -118,6 +140,49 @@ async def _client(
         await asyncio.sleep(rng.uniform(0.0, 0.2))
 
 
+async def _chaos(pid: int, every: float, hang: float, stop_at: float, began: float) -> list:
+    """Kill or hang one engine process every ``every`` seconds, in turn (oldest first)."""
+    faults: list[dict] = []
+    turn = 0
+    while time.monotonic() + every < stop_at:
+        await asyncio.sleep(every)
+        engines = replica_pids(pid)
+        if not engines:
+            continue
+        victim = engines[turn % len(engines)]
+        at = round(time.monotonic() - began, 1)
+        if turn % 2 == 0:
+            os.kill(victim, signal.SIGKILL)
+            faults.append({"at": at, "fault": "kill", "pid": victim})
+        else:
+            os.kill(victim, signal.SIGSTOP)
+            faults.append({"at": at, "fault": "hang", "pid": victim, "seconds": hang})
+            await asyncio.sleep(hang)
+            with contextlib.suppress(ProcessLookupError):  # restarted meanwhile
+                os.kill(victim, signal.SIGCONT)
+        turn += 1
+    return faults
+
+
+def _counters(base: str, names: tuple[str, ...]) -> dict[str, float]:
+    """The gateway's counters whose names start with one of ``names``, by name and their
+    ``outcome`` or ``result`` label, summed over the others (read from ``/metrics``)."""
+    totals: dict[str, float] = {}
+    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
+        if not line.startswith(names):
+            continue
+        series, value = line.rsplit(" ", 1)
+        metric, _, labels = series.partition("{")
+        kinds = [
+            labels.split(f'{key}="')[1].split('"')[0]
+            for key in ("outcome", "result")
+            if f'{key}="' in labels
+        ]
+        key = f"{metric}{{{kinds[0]}}}" if kinds else metric
+        totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
 async def _drive(args: argparse.Namespace, pid: int, base: str, models: list[str]) -> dict:
     """The load and the samples (the clients add to one ``Load``; a sample takes what came
     since the last one)."""
@@ -137,6 +202,9 @@ async def _drive(args: argparse.Namespace, pid: int, base: str, models: list[str
     async with api:
         clients = [_client(n, api, models, load, stop_at) for n in range(args.clients)]
         tasks = [asyncio.create_task(c) for c in clients]
+        chaos = None
+        if args.chaos_every > 0:
+            chaos = asyncio.create_task(_chaos(pid, args.chaos_every, args.hang, stop_at, began))
         with Progress(*columns) as progress:
             bar = progress.add_task("", total=seconds)
             while (left := stop_at - time.monotonic()) > 0:
@@ -165,7 +233,8 @@ async def _drive(args: argparse.Namespace, pid: int, base: str, models: list[str
                     f"{load.requests} requests, {load.failed} failed",
                 )
         await asyncio.gather(*tasks)
-    return {"samples": samples, "load": load}
+        faults = [] if chaos is None else await chaos
+    return {"samples": samples, "load": load, "faults": faults}
 
 
 def _verdict(samples: list[Sample], warmup: float, failed: int) -> dict:
@@ -193,7 +262,7 @@ def _verdict(samples: list[Sample], warmup: float, failed: int) -> dict:
     }
 
 
-def _plot(samples: list[Sample], warmup: float, path: Path) -> None:
+def _plot(samples: list[Sample], warmup: float, faults: list[dict], path: Path) -> None:
     import matplotlib  # noqa: PLC0415 - only when drawing
 
     matplotlib.use("Agg")
@@ -211,7 +280,11 @@ def _plot(samples: list[Sample], warmup: float, path: Path) -> None:
     fds.legend(loc="lower right")
     p99 = [(m, s.ttft_p99) for m, s in zip(minutes, samples, strict=True) if s.ttft_p99]
     bottom.plot([m for m, _ in p99], [v * 1000 for _, v in p99], color="tab:red")
-    bottom.set_ylabel("TTFT P99 (ms), per sample")
+    for fault in faults:
+        colour = "black" if fault["fault"] == "kill" else "tab:purple"
+        bottom.axvline(fault["at"] / 60, color=colour, linestyle="--", linewidth=0.8)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("TTFT P99 (ms), per sample\n(dashed: kill black, hang purple)")
     bottom.set_xlabel("minutes")
     fig.suptitle("gpufleet up under steady load")
     fig.tight_layout()
@@ -225,19 +298,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=None, help="minutes (10 %% by default)")
     parser.add_argument("--sample", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--fleet", type=Path, default=ROOT / "examples" / "local-sim.yaml")
+    parser.add_argument("--fleet", type=Path, default=None, help="default: FLEET (above)")
+    parser.add_argument(
+        "--chaos-every", type=float, default=120.0, help="seconds between faults (0: none)"
+    )
+    parser.add_argument("--hang", type=float, default=10.0, help="seconds a hung engine stops")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     args = parser.parse_args(argv)
     warmup = args.minutes / 10 if args.warmup is None else args.warmup
     console = Console()
-    models = [m["name"] for m in yaml.safe_load(args.fleet.read_text())["models"]]
     with tempfile.TemporaryDirectory(prefix="gpufleet-soak-") as scratch:
         tmp = Path(scratch)
-        process, base = start_up(args.fleet, tmp / "up.log", run_dir=tmp / "run", timeout=60)
+        fleet = args.fleet
+        if fleet is None:
+            fleet = tmp / "fleet.yaml"
+            fleet.write_text(FLEET)
+        models = [m["name"] for m in yaml.safe_load(fleet.read_text())["models"]]
+        process, base = start_up(fleet, tmp / "up.log", run_dir=tmp / "run", timeout=60)
         try:
             wait_ready(base, timeout=60)
             console.print(f"gpufleet up (pid {process.pid}) at {base}; models {models}")
             result = asyncio.run(_drive(args, process.pid, base, models))
+            counters = _counters(
+                base,
+                (
+                    "gpufleet:gateway_retries_total",
+                    "gpufleet:gateway_stream_resumes_total",
+                    "gpufleet:gateway_ejections_total",
+                ),
+            )
         finally:
             stop(process)
     samples, load = result["samples"], result["load"]
@@ -245,9 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "bench": "soak",
         "command": "bench/soak.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "fleet": str(args.fleet.relative_to(ROOT))
-        if args.fleet.is_relative_to(ROOT)
-        else str(args.fleet),
+        "fleet": FLEET if args.fleet is None else str(args.fleet),
         "minutes": args.minutes,
         "warmup_minutes": warmup,
         "clients": args.clients,
@@ -255,16 +342,19 @@ def main(argv: list[str] | None = None) -> int:
         "failed": load.failed,
         "errors": load.errors,
         "ttft_p99_all": _pct(load.ttfts, 0.99),
+        "faults": result["faults"],
+        "gateway_counters": counters,
         "verdict": verdict,
         "samples": [asdict(s) for s in samples],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    _plot(samples, warmup, args.out.with_suffix(".png"))
+    _plot(samples, warmup, result["faults"], args.out.with_suffix(".png"))
     console.print(
         f"{load.requests} requests, {load.failed} failed; RSS {verdict['rss_mib_after_warmup']:.1f}"
         f" -> {verdict['rss_mib_at_end']:.1f} MiB ({100 * verdict['rss_growth']:+.1f} %), fds"
-        f" {verdict['fds_after_warmup']} -> {verdict['fds_at_end']}; {args.out}"
+        f" {verdict['fds_after_warmup']} -> {verdict['fds_at_end']}; {len(result['faults'])}"
+        f" faults; {counters}; {args.out}"
     )
     ok = verdict["rss_ok"] and verdict["fds_ok"] and verdict["failed_ok"]
     return 0 if ok else 1
