@@ -3,14 +3,17 @@ a slower or error-prone one is caught, over many seeded runs of the pure policy.
 
     .venv/bin/python bench/rollout_analysis.py               # 1,000 seeds per case
     .venv/bin/python bench/rollout_analysis.py --seeds 200   # quicker; the JSON says which
+    .venv/bin/python bench/rollout_analysis.py --per-window 200 \
+        --out bench/results/rollout_analysis_thin.json       # a thin canary: 10 at 5 %
 
 Each run is a canary 5 → 20 → 50 → 100 % with the default analysis (``min_samples`` 30,
 ``alpha`` 0.001, tolerances 1.5× on the P99s, 2 points on the error rate) and 800 requests
 a window split by the step's share: lognormal TTFT (median 0.2 s, σ 0.6: a heavy tail) and
 ITL (median 20 ms, σ 0.3), and a 2 % error rate on both sides unless the case says
 otherwise. A case is a version ``slow``× slower or with ``errors`` of its requests failing.
-Reports, per case, the share of runs promoted to 100 % and of those rolled back, and the
-mean window at which a rollback came; writes bench/results/rollout_analysis.json.
+Reports, per case, the share of runs promoted to 100 % and of those rolled back, the mean
+window at which a rollback came and the mean windows a promotion took (the three steps
+take three; a hold adds one); writes bench/results/rollout_analysis.json.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def feed(
     rollout.latencies(pool, ttft, itl)
 
 
-def run(seed: int, slow: float, errors: float) -> tuple[RolloutPhase, int]:
+def run(seed: int, slow: float, errors: float, per_window: int) -> tuple[RolloutPhase, int]:
     """One canary: how it ended, after how many analysed windows."""
     rng = random.Random(seed)
     config = RolloutConfig(to="v2", steps=(5, 20, 50, 100), step_seconds=10.0)
@@ -59,8 +62,8 @@ def run(seed: int, slow: float, errors: float) -> tuple[RolloutPhase, int]:
     t, windows = 0.0, 0
     while rollout.phase is RolloutPhase.RUNNING:
         share = rollout.share / 100
-        feed(rollout, rng, round(PER_WINDOW * (1 - share)), "v1", slow=1.0, errors=0.02)
-        feed(rollout, rng, round(PER_WINDOW * share), "v2", slow=slow, errors=errors)
+        feed(rollout, rng, round(per_window * (1 - share)), "v1", slow=1.0, errors=0.02)
+        feed(rollout, rng, round(per_window * share), "v2", slow=slow, errors=errors)
         t += 10.0
         windows += 1
         rollout.decide(t, {})
@@ -70,35 +73,44 @@ def run(seed: int, slow: float, errors: float) -> tuple[RolloutPhase, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seeds", type=int, default=1000)
+    parser.add_argument("--per-window", type=int, default=PER_WINDOW, help="requests")
+    parser.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args()
     started = time.perf_counter()
     rows = []
-    print(f"{'case':<14} {'promoted':>9} {'rolled back':>12} {'mean window':>12}")
+    print(
+        f"{'case':<14} {'promoted':>9} {'rolled back':>12} {'rollback at':>12} {'promoted in':>12}"
+    )
     for name, slow, errors in CASES:
-        ends = [run(seed, slow, errors) for seed in range(args.seeds)]
+        ends = [run(seed, slow, errors, args.per_window) for seed in range(args.seeds)]
         back = [w for phase, w in ends if phase is RolloutPhase.ROLLED_BACK]
-        promoted = sum(1 for phase, _ in ends if phase is RolloutPhase.PROMOTED)
+        promoted = [w for phase, w in ends if phase is RolloutPhase.PROMOTED]
         row = {
             "case": name,
             "slow": slow,
             "error_rate": errors,
-            "promoted": promoted / args.seeds,
+            "promoted": len(promoted) / args.seeds,
             "rolled_back": len(back) / args.seeds,
             "mean_rollback_window": sum(back) / len(back) if back else None,
+            "mean_promotion_windows": sum(promoted) / len(promoted) if promoted else None,
         }
         rows.append(row)
         window = "-" if not back else f"{row['mean_rollback_window']:.2f}"
-        print(f"{name:<14} {row['promoted']:>9.1%} {row['rolled_back']:>12.1%} {window:>12}")
+        took = "-" if not promoted else f"{row['mean_promotion_windows']:.2f}"
+        print(
+            f"{name:<14} {row['promoted']:>9.1%} {row['rolled_back']:>12.1%} {window:>12}"
+            f" {took:>12}"
+        )
     result = {
         "command": " ".join(["bench/rollout_analysis.py", *sys.argv[1:]]),
         "seeds": args.seeds,
-        "requests_per_window": PER_WINDOW,
+        "requests_per_window": args.per_window,
         "analysis": AnalysisConfig().model_dump(),
         "cases": rows,
         "wall_s": round(time.perf_counter() - started, 1),
     }
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULT}")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,9 @@ class CheckResult(StrEnum):
     FAIL = "fail"
     INSUFFICIENT = "insufficient"
     """Fewer than ``min_samples`` on a side."""
+    SUSPECT = "suspect"
+    """Beyond its tolerance by the estimate, but not significantly: too few samples to
+    tell (a slow version in a thin canary window looks like this)."""
 
 
 class RolloutWindow:
@@ -133,7 +136,9 @@ class RolloutAnalysis:
 
 def analyse(new: RolloutWindow, old: RolloutWindow, config: AnalysisConfig) -> RolloutAnalysis:
     """Compare the new variant's window with the old one's: a failed metric rolls back;
-    else a required metric (errors, TTFT) short of samples holds; else promote."""
+    else a required metric (errors, TTFT) short of samples holds, and so does one beyond
+    its tolerance by the estimate though not significantly (the window grows until the test
+    can tell); else promote."""
     need = config.min_samples
     checks = [
         _error_check(new, old, config),
@@ -151,6 +156,13 @@ def analyse(new: RolloutWindow, old: RolloutWindow, config: AnalysisConfig) -> R
         return RolloutAnalysis(
             RolloutVerdict.HOLD, tuple(checks), f"fewer than {need} samples: {', '.join(short)}"
         )
+    suspect = [c.metric for c in checks if c.result is CheckResult.SUSPECT]
+    if suspect:
+        return RolloutAnalysis(
+            RolloutVerdict.HOLD,
+            tuple(checks),
+            f"beyond tolerance, not yet significant: {', '.join(suspect)}",
+        )
     return RolloutAnalysis(RolloutVerdict.PROMOTE, tuple(checks), "no metric worse")
 
 
@@ -160,15 +172,8 @@ def _error_check(new: RolloutWindow, old: RolloutWindow, config: AnalysisConfig)
         return RolloutCheck("error_rate", None, None, samples, None, CheckResult.INSUFFICIENT)
     rate_new, rate_old = new.errors / new.requests, old.errors / old.requests
     p = two_proportion_greater(new.errors, new.requests, old.errors, old.requests)
-    worse = p < config.alpha and rate_new - rate_old > config.error_rate_margin
-    return RolloutCheck(
-        "error_rate",
-        rate_new,
-        rate_old,
-        samples,
-        p,
-        CheckResult.FAIL if worse else CheckResult.PASS,
-    )
+    beyond = rate_new - rate_old > config.error_rate_margin
+    return RolloutCheck("error_rate", rate_new, rate_old, samples, p, _result(p, beyond, config))
 
 
 def _latency_check(
@@ -181,10 +186,15 @@ def _latency_check(
     assert high_new is not None
     assert high_old is not None
     p = mann_whitney_greater(list(new), list(old))
-    worse = p < config.alpha and high_new > ratio * high_old
-    return RolloutCheck(
-        metric, high_new, high_old, samples, p, CheckResult.FAIL if worse else CheckResult.PASS
-    )
+    beyond = high_new > ratio * high_old
+    return RolloutCheck(metric, high_new, high_old, samples, p, _result(p, beyond, config))
+
+
+def _result(p: float, beyond: bool, config: AnalysisConfig) -> CheckResult:
+    """Worse only when significant and beyond tolerance; beyond it alone is suspect."""
+    if not beyond:
+        return CheckResult.PASS
+    return CheckResult.FAIL if p < config.alpha else CheckResult.SUSPECT
 
 
 @dataclass(frozen=True, slots=True)
