@@ -1,7 +1,8 @@
 """Issue 19's traces, as a user meets them: ``gpufleet up`` with ``gateway.tracing`` sends
 its spans over OTLP/HTTP to a collector (here a local receiver on loopback, decoding the
-protocol's protobuf); the official client continues its own trace through the gateway; a
-replica is SIGKILLed under 16 clients and the traces show the failed attempt and its retry."""
+protocol's protobuf); the official client continues its own trace through the gateway to the
+sim engine that answers; a replica is SIGKILLed under 16 clients and the traces show the
+failed attempt and its retry."""
 
 from __future__ import annotations
 
@@ -43,8 +44,10 @@ def test_a_client_trace_continues_through_the_gateway_across_a_replica_kill(
 ) -> None:
     with otlp_receiver() as (receiver, endpoint):
         (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoint=endpoint))
+        # the engines export every 0.2 s too (the SDK's variable): a killed one loses less
+        env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "200"}
         process, base = start_up(
-            tmp_path / "fleet.yaml", tmp_path / "up.out", run_dir=tmp_path / "run"
+            tmp_path / "fleet.yaml", tmp_path / "up.out", run_dir=tmp_path / "run", env=env
         )
         done = threading.Event()
         lock = threading.Lock()
@@ -99,9 +102,10 @@ def test_a_client_trace_continues_through_the_gateway_across_a_replica_kill(
     assert len(sent) > 50
     missing = [t for t in sent if t not in traces]
     assert not missing, f"{len(missing)} of {len(sent)} client traces have no gateway span"
-    retried = 0
+    retried = engine_spans = 0
     for trace_id, (client_span, streamed) in sent.items():
-        spans = traces[trace_id]
+        spans = [s for s in traces[trace_id] if s.service == "gw-test"]
+        engine = [s for s in traces[trace_id] if s.service != "gw-test"]
         (server,) = [s for s in spans if s.kind == SERVER]
         assert server.service == "gw-test"
         assert server.name == "POST /v1/chat/completions"
@@ -127,12 +131,25 @@ def test_a_client_trace_continues_through_the_gateway_across_a_replica_kill(
         assert last.status != ERROR
         for earlier in attempts[:-1]:  # a failed attempt is marked so, the next says why
             assert earlier.status == ERROR
+        # the engine that answered continued the trace under the attempt that reached it
+        # (spans an engine had not exported yet die with it when it is killed)
+        assert {s.parent_id for s in engine} <= {a.span_id for a in attempts}
+        for answered in [s for s in engine if s.parent_id == last.span_id]:
+            assert answered.name == "llm_request"
+            assert answered.service == "sim-engine llama-3.1-8b"
+            assert 1 <= answered.attributes["gen_ai.usage.completion_tokens"] <= 16
+            assert answered.attributes["gen_ai.latency.time_to_first_token"] > 0
+            engine_spans += 1
         if len(attempts) > 1:
             retried += 1
             nxt = attempts[1].attributes
             assert nxt["gpufleet.retry"] or (streamed and nxt["gpufleet.resume"])
-    print(f"{len(sent)} traced requests, {retried} with a retried or resumed attempt")
+    print(
+        f"{len(sent)} traced requests, {retried} with a retried or resumed attempt,"
+        f" {engine_spans} engine spans"
+    )
     assert retried >= 1, "the kill caught no request in flight"
+    assert engine_spans >= 0.8 * len(sent), "the engines' spans did not join the traces"
 
 
 def _follows(routes: list[Span], attempts: list[Span]) -> None:

@@ -65,6 +65,7 @@ def engine_config(ctx: typer.Context) -> SimEngineConfig:
             "dev_mode": os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip().lower()
             in ("1", "true"),
             "kv_events": _kv_events_config(options["kv_events_config"]),
+            "otlp_traces_endpoint": options["otlp_traces_endpoint"],
             **profile.settings(),
         }
     )
@@ -137,6 +138,13 @@ def sim(
             help="Publish KV-cache events as vLLM does: its JSON object, e.g. "
             '\'{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557", '
             '"replay_endpoint": "tcp://127.0.0.1:5558"}\' (port 0: any free one).'
+        ),
+    ] = None,
+    otlp_traces_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Send a span per request (OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces), "
+            "the child of the caller's traceparent, as vLLM's flag does."
         ),
     ] = None,
 ) -> None:

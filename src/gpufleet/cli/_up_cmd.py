@@ -201,9 +201,10 @@ def kv_hasher(config: FleetConfig, seed: int) -> KvHasher | None:
     return hasher
 
 
-def pool_spec(model: ModelConfig, seed: int) -> PoolSpec:
+def pool_spec(model: ModelConfig, seed: int, traces: str | None = None) -> PoolSpec:
     """The runtime's pool for one model of the fleet file: its engine flags are the model's
-    profile on the fleet's ``seed`` (``gateway.seed``); a new replica waits
+    profile on the fleet's ``seed`` (``gateway.seed``); a sim engine sends its spans to
+    ``traces`` (``gateway.tracing.endpoint``, docs/tracing.md); a new replica waits
     ``startup.provision`` before its process starts; an autoscaled pool keeps
     ``autoscale.prewarm`` standbys, promoted in ``startup.promote`` seconds."""
     served = model.served_model
@@ -218,6 +219,7 @@ def pool_spec(model: ModelConfig, seed: int) -> PoolSpec:
         endpoints=model.endpoints,
         ca_file=model.ca_file,
         kv_events=_routes_on_kv_events(model),
+        traces=traces if model.engine.value == EngineKind.SIM.value else None,
     )
     prewarm = model.autoscale.prewarm if model.autoscale is not None else 0
     return PoolSpec(
@@ -268,7 +270,9 @@ def up(
         bind_host = host or config.gateway.host
         bind_port = config.gateway.port if port is None else port
         config, why = secure_default(config, bind_host, auth=auth)
-        pools = [pool_spec(m, config.gateway.seed) for m in config.models]
+        tracing = config.gateway.tracing
+        traces = None if tracing is None else tracing.endpoint
+        pools = [pool_spec(m, config.gateway.seed, traces) for m in config.models]
         tls = server_tls(config)
         replica_tls = ReplicaTLS.of(config)
         try:

@@ -64,6 +64,7 @@ def launch_plan(spec: ReplicaSpec, host: str, port: int | None = None) -> Launch
                 *("--host", host, "--port", "0"),
                 *names,
                 *(_kv_events_flag(host) if engine.kv_events else ()),
+                *(("--otlp-traces-endpoint", engine.traces) if engine.traces else ()),
                 *engine.profile.to_argv(),
             )
             return LaunchPlan(argv, env, None)

@@ -71,6 +71,9 @@ class EngineSpec:
     kv_events: bool = False
     """Publish KV-cache events (a sim engine: ``--kv-events-config`` on free ports, which it
     prints; the runtime reports them as ``ReplicaStatus.kv_events``; docs/kv-events.md)."""
+    traces: str | None = None
+    """An OTLP/HTTP traces URL a sim engine sends its requests' spans to
+    (``--otlp-traces-endpoint``; ``gpufleet up`` passes ``gateway.tracing.endpoint``)."""
 
     def __post_init__(self) -> None:
         # A read-only copy: a frozen spec must not change under the reconciler's feet.

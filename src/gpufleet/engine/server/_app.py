@@ -221,6 +221,8 @@ def _build(engine: SimEngine) -> Starlette:
                     replay_task.cancel()
         if kv is not None:
             kv.close()
+        if engine.tracing is not None:  # the spans still waiting go out
+            await asyncio.to_thread(engine.tracing.shutdown)
 
     app = Starlette(
         routes=routes,

@@ -145,9 +145,10 @@ class Completions(JsonRoute):
             )
             for _ in range(request.n)
         ]
+        response_id = engine.response_id("chatcmpl" if self.chat else "cmpl", scope)
         shape = ResponseShape(
             chat=self.chat,
-            response_id=engine.response_id("chatcmpl" if self.chat else "cmpl", scope),
+            response_id=response_id,
             created=int(time.time()),
             model=engine.name,
             token_ids=request.return_token_ids,
@@ -161,6 +162,18 @@ class Completions(JsonRoute):
             Generation(engine, stream, shape.for_choice(i), request, prompt)
             for i, stream in enumerate(streams)
         ]
+        span = None
+        if engine.tracing is not None:
+            span = engine.tracing.start(
+                scope["headers"],
+                {
+                    "gen_ai.request.id": response_id,
+                    "gen_ai.response.model": engine.name,
+                    "gen_ai.request.max_tokens": max_tokens,
+                    "gen_ai.request.n": request.n,
+                    "gen_ai.usage.prompt_tokens": len(prompt),
+                },
+            )
         done = False
         try:
             if not request.stream:
@@ -179,6 +192,8 @@ class Completions(JsonRoute):
             if not done:
                 for stream in streams:
                     engine.loop.abort(stream.request_id)
+            if span is not None:
+                _end_span(engine, span, gens, ok=done)
 
 
 class Generation:
@@ -256,6 +271,24 @@ class Generation:
         if not self.shape.token_ids:
             return event
         return self.shape.with_prompt_ids(event, self.prompt)
+
+
+def _end_span(engine: SimEngine, span: Any, gens: list[Generation], *, ok: bool) -> None:
+    """A request's span ends with its tokens and its latencies (modelled seconds)."""
+    assert engine.tracing is not None
+    now = engine.clock.now()
+    arrival = min(g.stream.arrival for g in gens)
+    firsts = [g.stream.first_token_at for g in gens if g.stream.first_token_at is not None]
+    attributes: dict[str, Any] = {
+        "gen_ai.usage.completion_tokens": sum(g.completion_tokens for g in gens),
+        "gen_ai.usage.cached_tokens": gens[0].cached_tokens,
+        "gen_ai.latency.e2e": max(0.0, now - arrival),
+    }
+    if firsts:
+        attributes["gen_ai.latency.time_to_first_token"] = max(0.0, min(firsts) - arrival)
+    if gens[0].finish_reason is not None:
+        attributes["gen_ai.response.finish_reasons"] = [g.finish_reason or "" for g in gens]
+    engine.tracing.end(span, attributes, ok=ok)
 
 
 def _usage(gens: list[Generation], prompt_tokens: int) -> Usage:

@@ -95,6 +95,9 @@ class SimEngineConfig(BaseModel):
     ``/wake_up``, ``/is_sleeping``); the CLI reads it from the environment, as vLLM does."""
     kv_events: KvEventsConfig = KvEventsConfig()
     """``--kv-events-config``: publish the prefix cache's KV events as vLLM does."""
+    otlp_traces_endpoint: str | None = None
+    """vLLM's ``--otlp-traces-endpoint`` (here OTLP/HTTP): an ``llm_request`` span per
+    request, the child of the caller's ``traceparent`` (docs/tracing.md)."""
 
     @property
     def name(self) -> str:

@@ -7,7 +7,7 @@ import secrets
 import socket
 import time
 from collections.abc import Iterable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.engine._tokenizer import Tokenizer
 from gpufleet.engine.model import NewRequest, ReplicaModel
@@ -22,7 +22,21 @@ from gpufleet.engine.server._metrics import EngineMetrics
 from gpufleet.engine.server._sleep import SleepMetrics, SleepMode
 from gpufleet.perf import Parallelism, residency_times
 
+if TYPE_CHECKING:  # imported where tracing is on (the `tracing` extra)
+    from gpufleet.engine.server._tracing import EngineTracing
+
 Scope = MutableMapping[str, Any]
+
+
+def _tracing(endpoint: str, name: str) -> EngineTracing:
+    try:
+        from gpufleet.engine.server._tracing import EngineTracing  # noqa: PLC0415 - on demand
+    except ImportError as error:
+        raise ValueError(
+            f"--otlp-traces-endpoint needs OpenTelemetry ({error.name} is missing): "
+            "pip install 'gpufleet[tracing]'"
+        ) from None
+    return EngineTracing(endpoint, f"sim-engine {name}")
 
 
 class SimEngine:
@@ -57,6 +71,10 @@ class SimEngine:
         if replica.kv_events:
             self.kv_events = KvEventPublisher(config.kv_events)
         publish = None if self.kv_events is None else self.kv_events.publish
+        self.tracing: EngineTracing | None = None
+        """Spans of its requests (``--otlp-traces-endpoint``), or ``None``."""
+        if config.otlp_traces_endpoint is not None:
+            self.tracing = _tracing(config.otlp_traces_endpoint, self.name)
         self.loop = EngineLoop(self.model, clock, self.metrics, publish=publish)
         hostname = socket.gethostname()
         self.gpus = DcgmCollector(self.model, self.metrics.activity, clock.now, hostname)

@@ -55,6 +55,8 @@ class RequestStream:
     """No more outputs will come: finished, aborted, or the engine stopped."""
     error: BaseException | None = None
     last_token_at: float | None = None
+    first_token_at: float | None = None
+    """Modelled time of its first output (a trace's time to first token)."""
 
     async def next(self) -> list[RequestOutput]:
         """Wait for outputs; an empty list means the stream closed without finishing."""
@@ -200,6 +202,8 @@ class EngineLoop:
             stream = streams.get(output.request_id)
             if stream is None:  # aborted between plan and finish
                 continue
+            if stream.first_token_at is None:
+                stream.first_token_at = end
             if output.new_token_ids:
                 if stream.last_token_at is None:
                     metrics.observe_ttft(max(0.0, end - stream.arrival))
