@@ -55,8 +55,10 @@ def wait_ready(base: str, timeout: float = 10.0, verify: ssl.SSLContext | bool =
         time.sleep(0.05)
 
 
-def replica_pids(parent: int) -> list[int]:
-    """The engine processes ``gpufleet up`` (``parent``) runs now, oldest first."""
+def replica_pids(parent: int, *, zombies: bool = True) -> list[int]:
+    """The engine processes ``gpufleet up`` (``parent``) runs now, oldest first; with
+    ``zombies``, also those dead and not yet reaped (a kill's victim until the runtime
+    sees it)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -66,8 +68,8 @@ def replica_pids(parent: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue  # gone meanwhile
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"engine" in cmdline:
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == parent and b"engine" in cmdline and (zombies or state != "Z"):
             pids.append(int(entry.name))
     return sorted(pids)
 

@@ -5,45 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.fleet import ReplicaId
 from gpufleet.policy import (
     DemandMeter,
     PoolDemand,
     Residency,
-    ResidencyConfig,
     ResidencyDecision,
     ResidencyPolicy,
     ResidencyView,
     Resident,
     SleepReason,
 )
-
-ON_DEMAND = ResidencyConfig(mode="on_demand", idle=300.0, slots="gpu", min_awake=2.0)
-ALWAYS = ResidencyConfig(slots="gpu")
-
-
-def resident(
-    pool: str,
-    state: Residency,
-    *,
-    slot: int = 0,
-    since: float = 0.0,
-    in_flight: int = 0,
-    last_used: float = 0.0,
-    memory: float = 0.9,
-    config: ResidencyConfig = ON_DEMAND,
-) -> Resident:
-    return Resident(
-        ReplicaId(f"{pool}-{slot}"),
-        pool,
-        ("gpu", slot),
-        state,
-        since,
-        in_flight,
-        last_used,
-        memory,
-        config,
-    )
+from tests.policy.residents import ALWAYS, ON_DEMAND, resident
 
 
 def demand(held: int = 0, rate: float = 0.0, wake: float = 1.0) -> PoolDemand:

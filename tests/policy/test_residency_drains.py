@@ -12,38 +12,13 @@ from gpufleet.fleet import ReplicaId
 from gpufleet.policy import (
     PoolDemand,
     Residency,
-    ResidencyConfig,
     ResidencyDecision,
     ResidencyPolicy,
     ResidencyView,
     Resident,
     SleepReason,
 )
-
-ON_DEMAND = ResidencyConfig(mode="on_demand", idle=300.0, slots="gpu", min_awake=2.0)
-
-
-def resident(
-    pool: str,
-    state: Residency,
-    *,
-    slot: int = 0,
-    since: float = 0.0,
-    in_flight: int = 0,
-    woken: bool = True,
-) -> Resident:
-    return Resident(
-        ReplicaId(f"{pool}-{slot}"),
-        pool,
-        ("gpu", slot),
-        state,
-        since,
-        in_flight,
-        0.0,
-        0.9,
-        ON_DEMAND,
-        woken,
-    )
+from tests.policy.residents import resident
 
 
 def decide(now: float, *residents: Resident, **demands: PoolDemand) -> ResidencyDecision:

@@ -33,7 +33,7 @@ from gpufleet.runtime import (
     RuntimeSnapshot,
 )
 from tests.tls_certs import TestCA
-from tests.up_process import sim_engine_process
+from tests.up_process import replica_pids, sim_engine_process
 
 FAST = ReplicaProfile.from_argv(("--time-scale", "100", "--max-model-len", "2048"))
 MODEL = "llama-3.1-8b"
@@ -85,19 +85,7 @@ def alive(pid: int) -> bool:
 
 def sim_children() -> list[int]:
     """Live processes whose parent is this one and that run a sim engine."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"sim" in cmdline:
-            found.append(int(entry.name))
-    return found
+    return replica_pids(os.getpid(), zombies=False)
 
 
 @pytest.mark.asyncio
