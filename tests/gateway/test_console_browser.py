@@ -1,6 +1,7 @@
 """The web console in real headless Chromium (Debian's package), on a live two-replica sim
 fleet like ``make run``'s with auth on: it loads with no JS errors, shows both replicas, its
-TTFT chart changes under load; a viewer has no drain button (and the API refuses one), an
+TTFT chart changes under load and its GPU gauges (the engines' dcgm-exporter series) rise
+with it; a viewer has no drain button (and the API refuses one), an
 operator drains a replica from the page. Skipped without Chromium, failed with ``CI=true``.
 
 ``GPUFLEET_CONSOLE_SHOTS=docs`` writes the screenshots docs/console.md shows.
@@ -21,6 +22,7 @@ from tests.gateway.console_fleet import MODEL, console_fleet, load
 
 ROWS = "document.querySelectorAll('tr[data-replica]').length"
 TTFT = "document.querySelector('canvas[data-chart=ttft]').toDataURL()"
+GPU_UTILS = "[...document.querySelectorAll('td.gpu[data-util]')].map((td) => +td.dataset.util)"
 TTFT_POINTS = (
     "(window.gpufleetConsole.lastFleet?.pools[0].series.ttft_p99 || [])"
     ".filter((v) => v !== null).length"
@@ -74,13 +76,16 @@ async def test_the_console_in_chromium(tmp_path: Path) -> None:
             )
             assert status == 403
 
-            # the TTFT chart moves under load
+            # the TTFT chart moves under load, and the GPUs' utilisation rises with it
             await page.until("document.querySelector('canvas[data-chart=ttft]').width > 0")
             before = await page.evaluate(TTFT)
             assert await page.evaluate(TTFT_POINTS) == 0
+            await page.until(f"{GPU_UTILS}.length === 2")
+            idle = max(await page.evaluate(GPU_UTILS))
             waves = asyncio.create_task(_waves(cf.url, cf.tenant_key))
             await page.until(f"{TTFT_POINTS} >= 3", timeout=30)
             assert await page.evaluate(TTFT) != before
+            await page.until(f"Math.max(...{GPU_UTILS}) > {idle} + 0.05", timeout=30)
             await waves
             await page.screenshot(shots / "console-viewer.png")
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from gpufleet.engine.server import SimEngineConfig, create_app
-from gpufleet.gateway._watch import quantile, read_histogram
+from gpufleet.gateway._watch import GpuRead, quantile, read_gpus, read_histogram
 
 
 def test_quantile_interpolates_within_the_bucket() -> None:
@@ -50,3 +50,43 @@ def test_the_sim_engine_exports_the_histogram_the_console_reads() -> None:
     histogram = read_histogram(asyncio.run(page()))
     assert histogram is not None
     assert histogram[-1][0] == math.inf
+
+
+def test_a_replicas_gpus_are_read_from_its_dcgm_gauges() -> None:
+    """One series per GPU: utilisation averaged, power and memory summed (a TP-2 replica)."""
+    labels = 'UUID="GPU-{u}",device="nvidia{i}",gpu="{i}",modelName="NVIDIA H100"'
+    lines = []
+    for i, (util, power, used, free) in enumerate(
+        ((40.0, 300.0, 60.0, 20.0), (60.0, 400.0, 20.0, 20.0))
+    ):
+        series = "{" + labels.format(u=i, i=i) + "}"
+        lines += [
+            f"DCGM_FI_DEV_GPU_UTIL{series} {util}",
+            f"DCGM_FI_DEV_POWER_USAGE{series} {power}",
+            f"DCGM_FI_DEV_FB_USED{series} {used}",
+            f"DCGM_FI_DEV_FB_FREE{series} {free}",
+            f"DCGM_FI_DEV_MEM_COPY_UTIL{series} 5.0",
+        ]
+    gpus = read_gpus("\n".join(["# TYPE DCGM_FI_DEV_GPU_UTIL gauge", *lines]))
+    assert gpus == GpuRead(count=2, util=0.5, power_w=700.0, memory=pytest.approx(80 / 120))
+    assert read_gpus("vllm:num_requests_running 1.0") is None
+
+
+def test_the_sim_engines_gpu_gauges_read_as_its_gpus() -> None:
+    import asyncio  # noqa: PLC0415
+
+    import httpx  # noqa: PLC0415
+
+    async def page() -> str:
+        app = create_app(SimEngineConfig(time_scale=200.0, max_model_len=4096, tp=2))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+            return (await client.get("/metrics")).text
+
+    gpus = read_gpus(asyncio.run(page()))
+    assert gpus is not None
+    assert gpus.count == 2
+    assert gpus.util == 0.0  # idle
+    assert gpus.power_w > 0  # idle draw
+    assert gpus.memory is not None
+    assert 0 < gpus.memory < 1  # the weights, no KV in use

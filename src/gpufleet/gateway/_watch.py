@@ -15,15 +15,17 @@ pays for the console.
 
 **Engines only while someone looks.** Inter-token latency is the engines' (the gateway relays
 a stream's frames without reading their tokens), so the sampler reads each replica's
-``/metrics`` (``vllm:inter_token_latency_seconds``, and running, waiting and KV fill for pools
-the controller does not scrape), but only while a console has asked within ``WATCHED_FOR``
-seconds: an unwatched gateway does not scrape its replicas for a page nobody reads.
+``/metrics`` (``vllm:inter_token_latency_seconds``, running, waiting and KV fill for pools
+the controller does not scrape, and the GPUs' dcgm-exporter gauges where the page has them:
+a sim engine's, or a vLLM pod's with dcgm-exporter's series joined), but only while a
+console has asked within ``WATCHED_FOR`` seconds: an unwatched gateway does not scrape its
+replicas for a page nobody reads.
 
 ::
 
     samples  s(t-60) ········ s(t-10) ········ s(t)     one a second, per pool
     table    └──────────── window (60 s) ──────────┘      P50/P99, req/s now
-    chart    one point a second over the last 10 s: TTFT, req/s, KV fill (5 min kept)
+    chart    one point a second over the last 10 s: TTFT, req/s, KV fill, GPU util (5 min kept)
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ WATCHED_FOR: Final = 30.0
 FRESH: Final = 5.0
 """An engine read older than this is not shown."""
 ITL_NAMES: Final = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+_GPU_GAUGES: Final = {
+    "DCGM_FI_DEV_GPU_UTIL": "util",
+    "DCGM_FI_DEV_POWER_USAGE": "power",
+    "DCGM_FI_DEV_FB_USED": "used",
+    "DCGM_FI_DEV_FB_FREE": "free",
+}
+"""dcgm-exporter's gauges the console shows, one series per GPU."""
 """vLLM's inter-token latency histogram, new name then old (the sim engine writes the new)."""
 
 Buckets = tuple[tuple[float, float], ...]
@@ -73,6 +82,20 @@ class _Sample:
     itl: Buckets | None
     kv: float | None
     running: int | None
+    gpu_util: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRead:
+    """A replica's GPUs, from its page's dcgm-exporter gauges."""
+
+    count: int
+    util: float
+    """Mean ``DCGM_FI_DEV_GPU_UTIL`` over its GPUs, 0..1."""
+    power_w: float
+    """Summed ``DCGM_FI_DEV_POWER_USAGE``."""
+    memory: float | None
+    """Framebuffer used over used + free, summed over its GPUs (``None``: not reported)."""
 
 
 @dataclass(slots=True)
@@ -82,6 +105,7 @@ class _EngineRead:
     waiting: int
     kv: float
     itl: Buckets | None
+    gpus: GpuRead | None = None
 
 
 @dataclass(slots=True)
@@ -133,6 +157,7 @@ class FleetWatch:
             loads = [self._load(model, r.id, r.load) for r in self._view(model)]
             kvs = [load[2] for load in loads if load is not None]
             running = [load[0] for load in loads if load is not None]
+            utils = [g.util for r in self._view(model) if (g := self._gpus(r.id, now))]
             sample = _Sample(
                 now,
                 self._wall(),
@@ -142,6 +167,7 @@ class FleetWatch:
                 self._itl(model, now),
                 sum(kvs) / len(kvs) if kvs else None,
                 sum(running) if running else None,
+                sum(utils) / len(utils) if utils else None,
             )
             pool.samples.append(sample)
             then = _at_or_before(pool.samples, now - CHART_WINDOW)
@@ -170,6 +196,7 @@ class FleetWatch:
         replicas = []
         for replica in self._view(model):
             load = self._load(model, replica.id, replica.load)
+            gpus = self._gpus(replica.id, now)
             upstream = self.control.upstreams.get(replica.id)
             replicas.append(
                 {
@@ -180,6 +207,14 @@ class FleetWatch:
                     "running": None if load is None else load[0],
                     "waiting": None if load is None else load[1],
                     "kv": None if load is None else round(load[2], 4),
+                    "gpus": None
+                    if gpus is None
+                    else {
+                        "count": gpus.count,
+                        "util": round(gpus.util, 4),
+                        "power_w": round(gpus.power_w, 1),
+                        "memory": None if gpus.memory is None else round(gpus.memory, 4),
+                    },
                 }
             )
         decision = pool.last_scale
@@ -236,6 +271,13 @@ class FleetWatch:
             return scraped.running, scraped.waiting, scraped.kv_cache_usage
         return None
 
+    def _gpus(self, replica: str, now: float) -> GpuRead | None:
+        """The replica's GPUs from the sampler's fresh read (``None``: none, or no gauges)."""
+        read = self._engines.get(replica)
+        if read is None or now - read.at >= FRESH:
+            return None
+        return read.gpus
+
     def _itl(self, model: str, now: float) -> Buckets | None:
         """The pool's ITL histogram: its replicas' fresh reads summed bucket by bucket."""
         total: dict[float, float] = {}
@@ -258,7 +300,9 @@ class FleetWatch:
                 continue
             load = parse_engine_metrics(page)
             running, waiting, kv = load if load is not None else (0, 0, 0.0)
-            self._engines[name] = _EngineRead(now, running, waiting, kv, read_histogram(page))
+            self._engines[name] = _EngineRead(
+                now, running, waiting, kv, read_histogram(page), read_gpus(page)
+            )
         for gone in self._engines.keys() - self.control.upstreams.keys():
             del self._engines[gone]
 
@@ -280,7 +324,9 @@ class FleetWatch:
         self._states = seen
 
 
-_SERIES: Final = ("t", "rps", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "kv", "running")
+_SERIES: Final = (
+    "t", "rps", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "kv", "running", "gpu_util",
+)  # fmt: skip
 
 
 def _at_or_before(samples: deque[_Sample], when: float) -> _Sample | None:
@@ -316,6 +362,7 @@ def _point(then: _Sample | None, now: _Sample) -> dict[str, Any]:
         "itl_p99": _round(itl[1]),
         "kv": _round(now.kv),
         "running": now.running,
+        "gpu_util": _round(now.gpu_util),
     }
 
 
@@ -360,6 +407,37 @@ def read_histogram(page: str, names: Sequence[str] = ITL_NAMES) -> Buckets | Non
         if total:
             return tuple(sorted(total.items()))
     return None
+
+
+def read_gpus(page: str) -> GpuRead | None:
+    """A page's dcgm-exporter gauges, one series per GPU (``gpu`` label): utilisation
+    averaged, power and memory summed; ``None`` when it has no ``DCGM_FI_DEV_GPU_UTIL``."""
+    values: dict[str, dict[str, float]] = {}
+    for line in page.splitlines():
+        if not line.startswith("DCGM_FI_DEV_"):
+            continue
+        name, _, rest = line.partition("{")
+        key = _GPU_GAUGES.get(name)
+        if key is None or "}" not in rest:
+            continue
+        labels, _, value = rest.rpartition("}")
+        try:
+            number = float(value.split()[0])
+        except (ValueError, IndexError):
+            continue
+        gpu = _label(labels, "gpu") or _label(labels, "UUID") or ""
+        values.setdefault(key, {})[gpu] = number
+    util = values.get("util")
+    if not util:
+        return None
+    used, free = values.get("used", {}), values.get("free", {})
+    total = sum(used.values()) + sum(free.values())
+    return GpuRead(
+        count=len(util),
+        util=min(1.0, max(0.0, sum(util.values()) / len(util) / 100.0)),
+        power_w=sum(values.get("power", {}).values()),
+        memory=sum(used.values()) / total if used and total > 0 else None,
+    )
 
 
 def _label(labels: str, name: str) -> str | None:

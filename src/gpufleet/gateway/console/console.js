@@ -135,7 +135,7 @@ async function refreshFleet() {
 
 function buildPool(pool) {
   const charts = el("div", { class: "charts" });
-  for (const [name, title] of [["ttft", "TTFT P50 / P99"], ["rps", "requests / s"], ["kv", "KV cache fill"]]) {
+  for (const [name, title] of [["ttft", "TTFT P50 / P99"], ["rps", "requests / s"], ["kv", "KV cache fill"], ["gpu", "GPU util"]]) {
     charts.append(el("div", { class: "chart" }, el("h3", {}, title), el("canvas", { dataset: { chart: name } })));
   }
   return el(
@@ -143,7 +143,7 @@ function buildPool(pool) {
     { class: "pool", dataset: { pool: pool.model } },
     el("h2", {}, pool.model, " ", el("small", {}, `${pool.engine} · ${pool.router}${pool.autoscaled ? " · autoscaled" : ""}`)),
     el("div", { class: "stats" }),
-    el("table", {}, el("thead", {}, el("tr", {}, ...["replica", "state", "in flight", "running", "waiting", "KV cache", ""].map((h) => el("th", {}, h)))), el("tbody")),
+    el("table", {}, el("thead", {}, el("tr", {}, ...["replica", "state", "in flight", "running", "waiting", "KV cache", "GPU", ""].map((h) => el("th", {}, h)))), el("tbody")),
     charts,
   );
 }
@@ -174,6 +174,15 @@ function fillPool(card, pool, fleet) {
   ], (v) => fmt.ms(v));
   draw(card.querySelector('[data-chart="rps"]'), s.t, [{ label: "req/s", values: s.rps, color: "#1a7f37" }], (v) => fmt.rate(v));
   draw(card.querySelector('[data-chart="kv"]'), s.t, [{ label: "mean", values: s.kv, color: "#b35900" }], (v) => fmt.pct(v), 1);
+  draw(card.querySelector('[data-chart="gpu"]'), s.t, [{ label: "mean", values: s.gpu_util, color: "#6f42c1" }], (v) => fmt.pct(v), 1);
+}
+
+function gpuCell(g) {
+  // dcgm-exporter's gauges, read while the console is open: utilisation, power, memory
+  if (!g) return el("td", { class: "gpu" }, "–");
+  const memory = g.memory === null ? "" : ` · ${fmt.pct(g.memory)} mem`;
+  const title = `${g.count} GPU${g.count > 1 ? "s" : ""}: utilisation (mean), power (sum), framebuffer used`;
+  return el("td", { class: "gpu", title, dataset: { util: String(g.util) } }, `${fmt.pct(g.util)} · ${Math.round(g.power_w)} W${memory}`);
 }
 
 function replicaRow(model, r) {
@@ -199,6 +208,7 @@ function replicaRow(model, r) {
     el("td", {}, fmt.n(r.running)),
     el("td", {}, fmt.n(r.waiting)),
     el("td", {}, bar, fmt.pct(r.kv)),
+    gpuCell(r.gpus),
     el("td", {}, action),
   );
 }
