@@ -167,3 +167,37 @@ def test_with_auth_off_no_one_can_act_on_a_rollout(path: str) -> None:
         with serve_app(app, "own") as url:
             refused(httpx.post(url + path, json={}), 403, "auth is off")
             assert httpx.get(url + "/admin/rollouts").json() == {"rollouts": []}
+
+
+@pytest.mark.parametrize("server", ["own", "uvicorn"])
+def test_a_served_name_with_a_slash_is_one_url_segment(tmp_path: Path, server: str) -> None:
+    """Hugging Face names (``meta-llama/Llama-3.1-8B``) are served names: sent as ``%2F``,
+    the name is one segment of the admin URL, under either server, and the CLI sends it so."""
+    data = FLEET.model_dump(mode="json")
+    data["served"] = [{"name": "org/chat", "variants": {"v1": 100, "v2": 0}}]
+    fleet = parse_fleet(data)
+    store = Store.open(f"sqlite:///{tmp_path / 'gpufleet.db'}")
+    operator = store.admins.create(Role.OPERATOR, "op")[1]
+    try:
+        with engines() as upstreams:
+            tenancy = Tenancy(fleet, store, admin_key=ADMIN)
+            app = create_gateway(
+                fleet, StaticReplicas(upstreams), CollectorRegistry(), tenancy=tenancy
+            )
+            with serve_app(app, server) as url:
+                start = {"model": "org/chat", "to": "v2", "steps": [5, 20], "step_seconds": 600}
+                assert call(url, operator, "POST", "/admin/rollouts", start).status_code == 201
+                status = call(url, operator, "GET", "/admin/rollouts/org%2Fchat")
+                assert status.status_code == 200, status.text
+                assert status.json()["model"] == "org/chat"
+                paused = call(url, operator, "POST", "/admin/rollouts/org%2Fchat/pause")
+                assert paused.json()["phase"] == "paused"
+                # unencoded, it reads as action `chat` on `org`: a POST route
+                refused(call(url, operator, "GET", "/admin/rollouts/org/chat"), 405, "use POST")
+                env = {"GPUFLEET_URL": url, "GPUFLEET_ADMIN_KEY": operator}
+                runner = CliRunner()
+                resumed = runner.invoke(cli, ["rollout", "resume", "--model", "org/chat"], env=env)
+                assert resumed.exit_code == 0, resumed.output
+                assert json.loads(resumed.output)["phase"] == "running"
+    finally:
+        store.close()

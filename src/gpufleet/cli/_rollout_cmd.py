@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -99,7 +100,7 @@ def status(
     admin_key: KeyOption = None,
 ) -> None:
     """Every rollout's status (or MODEL's): step, share, weights, the last verdict."""
-    path = "/admin/rollouts" if model is None else f"/admin/rollouts/{model}"
+    path = "/admin/rollouts" if model is None else f"/admin/rollouts/{quote(model, safe='')}"
     typer.echo(json.dumps(_call(url, admin_key, "GET", path), indent=2))
 
 
@@ -107,7 +108,7 @@ def _action(name: str, doc: str) -> None:
     def command(
         model: ModelOption, url: UrlOption = DEFAULT_URL, admin_key: KeyOption = None
     ) -> None:
-        answer = _call(url, admin_key, "POST", f"/admin/rollouts/{model}/{name}")
+        answer = _call(url, admin_key, "POST", f"/admin/rollouts/{quote(model, safe='')}/{name}")
         typer.echo(json.dumps(answer, indent=2))
 
     command.__doc__ = doc

@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 from gpufleet.config import FleetConfig
 from gpufleet.gateway._admin_fleet import FLEET_ROUTES, FleetActions
@@ -123,8 +123,7 @@ class AdminApi:
         path, method = scope["path"], scope["method"]
         tenancy = self.tenancy
         principal = self._principal(scope, path)
-        parts = [p for p in path.split("/") if p][1:]
-        route, args = match(self.routes, method, parts)
+        route, args = match(self.routes, method, _segments(scope))
         if route.store and tenancy is None:
             raise NotFoundError(
                 f"{method} {path} needs auth on (tenants, keys and the audit log live in its store)"
@@ -427,3 +426,15 @@ async def _read(receive: Receive) -> bytes:
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+def _segments(scope: Any) -> list[str]:
+    """The path's segments after ``/admin``, each percent-decoded on its own: a served name
+    with a ``/`` (``meta-llama/Llama-3.1-8B``) is one segment when sent as ``%2F``. Split
+    from ``raw_path``, where the server gives one (the decoded ``path`` has lost the
+    difference)."""
+    raw = scope.get("raw_path")
+    if raw:
+        text = raw.decode("latin-1")
+        return [unquote(p) for p in text.split("/") if p][1:]
+    return [p for p in scope["path"].split("/") if p][1:]

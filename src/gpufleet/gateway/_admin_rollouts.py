@@ -8,7 +8,9 @@
     POST /admin/rollouts/{model}/{action}   operator  promote | pause | resume | abort
 
 The controller decides (``control/_rollouts.py``); a request here is one event to it, and
-its answer the rollout's status. Errors are OpenAI-shaped: a body that is not a rollout
+its answer the rollout's status. ``{model}`` is one URL segment: a served name with a
+``/`` (``meta-llama/Llama-3.1-8B``) is sent as ``meta-llama%2FLlama-3.1-8B`` (``gpufleet
+rollout`` does). Errors are OpenAI-shaped: a body that is not a rollout
 400, an unknown name 404, a rollout in progress (or one that is over) 409.
 """
 
