@@ -16,7 +16,12 @@ same values in the same order hold the same state.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from functools import reduce
+from itertools import repeat
+from math import ceil, log
+from operator import add, mul, truediv
 
 
 class LogHistogram:
@@ -48,16 +53,39 @@ class LogHistogram:
         self.min = min(self.min, value)
         self.max = max(self.max, value)
 
-    def add_each(self, values: Iterable[float], count: int = 1) -> None:
+    def add_each(self, values: Sequence[float], count: int = 1) -> None:
         """``add(value, count)`` for each of ``values`` in order, with the same result to the
-        bit (the sum is accumulated in the same order), in one call."""
-        counts, log_gamma, log, ceil = self._counts, self._log_gamma, math.log, math.ceil
+        bit (the sum is accumulated in the same order), in one call.
+
+        The per-value work runs in C (``map`` over ``math`` and ``operator`` functions, the
+        sum by ``functools.reduce``): the same float operations, in the same order, as the
+        loop in :meth:`_add_each_slowly`, which handles a bad value (and what came before it)
+        exactly as a run of :meth:`add` calls would.
+        """
+        if not values:
+            return
+        try:
+            keys = list(map(ceil, map(truediv, map(log, values), repeat(self._log_gamma))))
+        except (ValueError, OverflowError):  # a value <= 0, NaN or inf: one by one
+            self._add_each_slowly(values, count)
+            return
+        counts, get = self._counts, self._counts.get
+        for key, n in Counter(keys).items():
+            counts[key] = get(key, 0) + n * count
+        self.total = reduce(add, map(mul, values, repeat(count)), self.total)
+        low, high = min(values), max(values)
+        self.min = min(self.min, low)
+        self.max = max(self.max, high)
+        self.count += count * len(values)
+
+    def _add_each_slowly(self, values: Iterable[float], count: int) -> None:
+        counts, log_gamma, log_, ceil_ = self._counts, self._log_gamma, math.log, math.ceil
         total, low, high, added = self.total, self.min, self.max, 0
         try:
             for value in values:
                 if not value > 0:
                     raise ValueError(f"LogHistogram takes values > 0, got {value}")
-                key = ceil(log(value) / log_gamma)
+                key = ceil_(log_(value) / log_gamma)
                 counts[key] = counts.get(key, 0) + count
                 total += value * count
                 low = value if value < low else low  # min() and max() cost a call each
