@@ -484,7 +484,9 @@ class ReplicaDriver:
         durations = run.durations
         # times[i] = now + durations[0] + ... + durations[i - 1], added left to right as the
         # kernel adds them; the shared gaps are differences of neighbouring times
-        times = list(accumulate(durations, add, initial=now))
+        times = run.times
+        if times is None or times[0] != now:
+            times = list(accumulate(durations, add, initial=now))
         t = times[1]
         gaps: dict[float, int] = {}
         for state in states:

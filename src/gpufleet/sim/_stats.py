@@ -23,6 +23,10 @@ from itertools import repeat
 from math import ceil, log
 from operator import add, mul, truediv
 
+_MARGIN = 1e-6
+"""How far inside a bucket (in units of ``log γ``) a value's ``log(v) / log γ`` must be for
+``add_each`` to count the values between two such values in it without their logs."""
+
 
 class LogHistogram:
     """Counts of positive values in logarithmic buckets; quantiles within ``relative_accuracy``."""
@@ -57,23 +61,32 @@ class LogHistogram:
         """``add(value, count)`` for each of ``values`` in order, with the same result to the
         bit (the sum is accumulated in the same order), in one call.
 
-        The per-value work runs in C (``map`` over ``math`` and ``operator`` functions, the
-        sum by ``functools.reduce``): the same float operations, in the same order, as the
-        loop in :meth:`_add_each_slowly`, which handles a bad value (and what came before it)
-        exactly as a run of :meth:`add` calls would.
+        The per-value work runs in C (``functools.reduce`` and ``map`` over ``operator`` and
+        ``math`` functions): the same float operations, in the same order, as the loop in
+        :meth:`_add_each_slowly`, which handles a bad value (and what came before it) exactly
+        as a run of :meth:`add` calls would. When the smallest and the largest value fall
+        well inside one bucket (``_MARGIN`` from its edges, orders of magnitude more than
+        ``math.log``'s error), every value between falls in it too: one count, no log each.
         """
         if not values:
             return
-        try:
-            keys = list(map(ceil, map(truediv, map(log, values), repeat(self._log_gamma))))
-        except (ValueError, OverflowError):  # a value <= 0, NaN or inf: one by one
+        total = reduce(add, map(mul, values, repeat(count)), self.total)
+        low, high = min(values), max(values)
+        if not (low > 0 and math.isfinite(total)):  # a value <= 0, NaN or inf: one by one
             self._add_each_slowly(values, count)
             return
-        counts, get = self._counts, self._counts.get
-        for key, n in Counter(keys).items():
-            counts[key] = get(key, 0) + n * count
-        self.total = reduce(add, map(mul, values, repeat(count)), self.total)
-        low, high = min(values), max(values)
+        log_gamma, counts = self._log_gamma, self._counts
+        lowest, highest = log(low) / log_gamma, log(high) / log_gamma
+        key = ceil(highest)
+        if highest <= key - _MARGIN and lowest >= key - 1 + _MARGIN:
+            counts[key] = counts.get(key, 0) + count * len(values)
+        else:
+            get = counts.get
+            for key, n in Counter(
+                map(ceil, map(truediv, map(log, values), repeat(log_gamma)))
+            ).items():
+                counts[key] = get(key, 0) + n * count
+        self.total = total
         self.min = min(self.min, low)
         self.max = max(self.max, high)
         self.count += count * len(values)

@@ -46,6 +46,10 @@ from gpufleet.perf import (
     memory_plan,
 )
 
+_Run = tuple[list[Request], dict[int, list[Request]], list[int], int, list[float], int]
+"""A priced run (``ReplicaModel._decode_run``): running requests, crossings by phase, phases,
+steps, the durations memo and the run's first index in it."""
+
 
 class RunAhead:
     """A run of pure-decode steps priced and not applied (``ReplicaModel.decode_run_ahead``):
@@ -102,6 +106,9 @@ class RunAhead:
         return self._seqs, 0, (self._used + taken) / self._blocks
 
 
+_Priced = tuple[RunAhead, _Run]
+
+
 class ReplicaModel:
     """Continuous batching over a paged KV cache with prefix caching, timed by ``perf``."""
 
@@ -143,6 +150,9 @@ class ReplicaModel:
         """``(seqs, context, slowdown, durations)``: the decode-step durations last computed,
         ``durations[i] = decode_seconds(seqs, context + i·seqs) × slowdown`` (see
         :meth:`_durations`)."""
+        self._priced: _Priced | None = None
+        """The run :meth:`decode_run_ahead` priced last, while the state it priced holds (every
+        change drops it): :meth:`run_decodes` from its start reads it instead of pricing again."""
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished = dict.fromkeys((reason.value for reason in FinishReason), 0)
@@ -181,11 +191,13 @@ class ReplicaModel:
         if not (math.isfinite(factor) and factor > 0):
             raise ValueError(f"slowdown factor must be a finite number > 0, got {factor}")
         self._slowdown = factor
+        self._priced = None
 
     # -- requests -----------------------------------------------------------------------
 
     def add_request(self, request: NewRequest, now: float) -> None:
         """Queue ``request`` (arrival time ``now``); ``ValueError`` when it cannot be served."""
+        self._priced = None
         self._validate(request)
         if request.pooling:
             target, offset = 0, 0
@@ -212,6 +224,7 @@ class ReplicaModel:
         state = self._requests.pop(request_id, None)
         if state is None:
             return False
+        self._priced = None
         self._scheduler.remove(state)
         self._finished[FinishReason.ABORT.value] += 1
         return True
@@ -221,6 +234,7 @@ class ReplicaModel:
         nothing forgotten, while a request holds blocks or a step is in flight."""
         if self._requests or self._in_flight is not None:
             return False
+        self._priced = None
         return self._kv.pool.reset_cache()
 
     def has_work(self) -> bool:
@@ -237,6 +251,7 @@ class ReplicaModel:
             )
         if not self.has_work():
             return None
+        self._priced = None
         budget = self._scheduler.schedule()
         if budget.is_empty:  # max_model_len <= KV capacity makes this impossible
             raise RuntimeError("the scheduler found work but scheduled nothing (a bug)")
@@ -383,17 +398,25 @@ class ReplicaModel:
         self._check_idle("run_decodes")
         if math.isnan(now) or math.isnan(until):
             raise ValueError(f"run_decodes needs times, got now={now} until={until}")
-        run = self._decode_run()
-        if run is None:
-            return None
+        priced = self._priced
+        times: list[float] | None = None
+        if priced is not None and priced[0].times[0] == now:
+            times, run = priced[0].times, priced[1]
+        else:
+            fresh = self._decode_run()
+            if fresh is None:
+                return None
+            run = fresh
         running, crossings, phases, steps, known, base = run
         if until != math.inf:
             # the steps that end before ``until``: t is summed one duration at a time, as
             # the step-by-step shell sums it (accumulate adds left to right)
-            times = list(accumulate(islice(known, base, base + steps), add, initial=now))
-            steps = bisect_left(times, until, 1) - 1
+            if times is None:
+                times = list(accumulate(islice(known, base, base + steps), add, initial=now))
+            steps = bisect_left(times, until, 1, steps + 1) - 1
             if not steps:
                 return None
+        self._priced = None
         # the steps' crossings in step order: the same allocate calls, in the same order,
         # as the steps' running passes (the blocks are there: _decode_run counted them)
         size, grow = self._kv.block_size, self._kv.grow
@@ -412,7 +435,10 @@ class ReplicaModel:
         first = self._step
         self._step += steps
         return DecodeRun(
-            tuple(islice(known, base, base + steps)), tuple(r.request_id for r in running), first
+            tuple(islice(known, base, base + steps)),
+            tuple(r.request_id for r in running),
+            first,
+            times=None if times is None else times[: steps + 1],
         )
 
     def decode_run_end(self, now: float) -> tuple[float, int] | None:
@@ -440,7 +466,7 @@ class ReplicaModel:
         running, crossings, phases, steps, known, base = run
         times = list(accumulate(islice(known, base, base + steps), add, initial=now))
         pool = self._kv.pool
-        return RunAhead(
+        ahead = RunAhead(
             times,
             seqs=len(running),
             used=pool.num_blocks - pool.num_free,
@@ -448,6 +474,8 @@ class ReplicaModel:
             size=self._kv.block_size,
             crossings=[(phase, len(crossings[phase])) for phase in phases],
         )
+        self._priced = (ahead, run)
+        return ahead
 
     def _check_idle(self, name: str) -> None:
         if self._in_flight is not None:
@@ -456,9 +484,7 @@ class ReplicaModel:
                 "call finish_step with its plan first"
             )
 
-    def _decode_run(
-        self,
-    ) -> tuple[list[Request], dict[int, list[Request]], list[int], int, list[float], int] | None:
+    def _decode_run(self) -> _Run | None:
         """The run of pure-decode steps from the state now, priced: its running requests,
         their crossings by phase, the phases in order, how many steps it takes (before a
         request finishes, and while the free blocks cover each step's crossings), and the
