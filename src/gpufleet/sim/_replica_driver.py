@@ -186,9 +186,10 @@ class ReplicaDriver:
         horizon: Callable[[], float] | None = None,
         on_end: EndHook | None = None,
         kernel: Kernel | None = None,
+        defer: bool = False,
     ) -> None:
         self.index = index
-        self._kernel = kernel if horizon is not None else None
+        self._kernel = kernel if horizon is not None or defer else None
         """Given with ``horizon``: runs past it are deferred, not cut (module docstring)."""
         self._run_from: float | None = None
         """A deferred run is pending: it starts here (the replica's state is as of then)."""
@@ -386,12 +387,16 @@ class ReplicaDriver:
 
     def _advance(self, now: float) -> list[ScheduledEvent]:
         """After a step ends at ``now``: fast-forward (or defer) a decode run, plan the next."""
-        horizon = self._horizon
-        if horizon is None:
+        horizon, kernel = self._horizon, self._kernel
+        if horizon is None and kernel is None:
             return self._plan(now)
-        if self._kernel is not None:
+        if kernel is not None:
             ahead = self._model.decode_run_ahead(now)
-            if ahead is not None and ahead.steps > 1 and ahead.end >= horizon():
+            if (
+                ahead is not None
+                and ahead.steps > 1
+                and (horizon is None or ahead.end >= horizon())
+            ):
                 self._run_from = now  # someone may look before it ends: defer it
                 self._ahead = ahead
                 end = ahead.end
@@ -399,6 +404,8 @@ class ReplicaDriver:
                     return []  # the RunEnd of the run caught up before ends here too
                 self._run_at = end
                 return [ScheduledEvent(end, STEP_PRIORITY, RunEnd(self, self._epoch), local=True)]
+        if horizon is None:  # deferring only: nothing is applied ahead of now
+            return self._plan(now)
         run = self._model.run_decodes(now, horizon())
         if run is not None:
             now = self._record_run(now, run)
