@@ -271,22 +271,14 @@ class ScriptedHarness:
 
 
 @dataclass
-class _Stats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-
-
-@dataclass
 class _Driver:
     down: bool = False
-    load: tuple[int, int, float] | None = None
+    scraped: tuple[int, int, float] | None = None
 
-    @property
-    def model(self) -> Any:
-        load = self.load
-        assert load is not None
-        return type("Model", (), {"stats": lambda _: _Stats(*load)})()
+    def load(self) -> tuple[int, int, float]:
+        """What a scrape reads (``ReplicaDriver.load``): running, waiting, KV usage."""
+        assert self.scraped is not None
+        return self.scraped
 
 
 def run_sim(config: FleetConfig) -> list[dict[str, Any]]:
@@ -337,7 +329,7 @@ def run_sim(config: FleetConfig) -> list[dict[str, Any]]:
                 events = []
             case Scrape(loads=loads):
                 for k, load in enumerate(harness.drivers):
-                    load.load = loads.get(k)
+                    load.scraped = loads.get(k)
                 sim.blackout = {k for k in range(REPLICAS) if k not in loads}
                 sim.scrape(t)
                 events = []

@@ -266,7 +266,7 @@ def run_sim(config: FleetConfig) -> list[dict[str, Any]]:
                 sim.replica_up(t, k)
             case Scrape(loads=loads):
                 for k, driver in enumerate(harness.drivers):
-                    driver.load = loads.get(k)
+                    driver.scraped = loads.get(k)
                 sim.blackout = {k for k in range(len(REPLICAS)) if k not in loads}
                 sim.scrape(t)
         for event in events:

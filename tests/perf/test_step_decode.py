@@ -58,3 +58,29 @@ def test_the_empty_batch_takes_no_time_and_bad_input_is_refused() -> None:
         steps.decode_seconds(4, 3)
     with pytest.raises(ValueError, match="seqs >= 0"):
         steps.decode_seconds(-1, 5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=step_models(),
+    seqs=st.integers(1, 512),
+    context_per_seq=st.integers(1, 65536),
+    extra=st.integers(0, 4096),
+    count=st.integers(0, 40),
+    slowdown=st.sampled_from([1.0, 0.5, 3.0, 1.7]),
+)
+def test_decode_run_seconds_is_decode_seconds_step_by_step_bit_for_bit(  # noqa: PLR0917
+    steps: StepTimeModel, seqs: int, context_per_seq: int, extra: int, count: int, slowdown: float
+) -> None:
+    context = seqs * context_per_seq + extra
+    expected = [steps.decode_seconds(seqs, context + i * seqs) * slowdown for i in range(count)]
+    got = steps.decode_run_seconds(seqs, context, count, slowdown)
+    assert [d.hex() for d in got] == [d.hex() for d in expected]
+
+
+def test_decode_run_seconds_refuses_what_decode_seconds_refuses() -> None:
+    steps = StepTimeModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"))
+    assert steps.decode_run_seconds(4, 100, 0) == []
+    assert steps.decode_run_seconds(0, 0, 3) == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="context >= seqs"):
+        steps.decode_run_seconds(4, 3, 2)

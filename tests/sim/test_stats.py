@@ -86,3 +86,43 @@ def test_add_each_refuses_a_value_that_is_not_positive_and_keeps_the_ones_before
     with pytest.raises(ValueError, match="values > 0"):
         histogram.add_each([0.5, 0.0, 2.0])
     assert (histogram.count, histogram.total, histogram.min, histogram.max) == (1, 0.5, 0.5, 0.5)
+
+
+@given(
+    st.floats(1e-4, 10.0),
+    st.lists(st.floats(-1e-6, 1e-6), min_size=1, max_size=60),
+    st.integers(1, 40),
+    st.booleans(),
+)
+def test_add_each_of_close_values_is_add_one_by_one_to_the_bit(
+    center: float, offsets: list[float], count: int, on_an_edge: bool
+) -> None:
+    """A run's inter-token gaps: close values, often in one bucket, sometimes across an edge
+    (``on_an_edge`` moves the center onto one)."""
+    one_by_one, at_once = LogHistogram(), LogHistogram()
+    if on_an_edge:
+        gamma = math.exp(one_by_one._log_gamma)
+        center = gamma ** round(math.log(center) / one_by_one._log_gamma)
+    sample = [center * (1.0 + offset) for offset in offsets]
+    for value in sample:
+        one_by_one.add(value, count)
+    at_once.add_each(sample, count)
+    assert _state(at_once) == _state(one_by_one)
+    assert list(at_once._counts.items()) == list(one_by_one._counts.items())
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 0.0])
+def test_add_each_handles_a_bad_value_as_add_does(bad: float) -> None:
+    one_by_one, at_once = LogHistogram(), LogHistogram()
+    sample = [0.25, 0.5, bad, 2.0]
+
+    def one_by_one_adds() -> None:
+        for value in sample:
+            one_by_one.add(value, 3)
+
+    with pytest.raises((ValueError, OverflowError)) as slow:
+        one_by_one_adds()
+    with pytest.raises((ValueError, OverflowError)) as fast:
+        at_once.add_each(sample, 3)
+    assert type(fast.value) is type(slow.value)
+    assert _state(at_once) == _state(one_by_one)

@@ -462,6 +462,51 @@ class StepTimeModel:
         bubble = (self.pp - 1) * (stage + hand_off) if self.pp > 1 else 0.0
         return stage + bubble + overhead
 
+    def decode_run_seconds(
+        self, seqs: int, context: int, count: int, slowdown: float = 1.0
+    ) -> list[float]:
+        """``[decode_seconds(seqs, context + i·seqs) × slowdown for i in range(count)]``, bit
+        for bit: the durations of ``count`` consecutive pure-decode steps of ``seqs``
+        sequences (each step adds one token to every context).
+
+        The same float operations as :meth:`decode_seconds` in the same order, in one loop
+        with no call per step (the replica model prices its decode runs with it). The terms
+        that ``decode_seconds`` adds as ``0.0`` (the prefill attention, the bubble at
+        ``pp = 1``) are left out: ``x + 0.0`` is ``x`` for every ``x >= 0``.
+        """
+        if count <= 0:
+            return []
+        if seqs <= 0 or context < seqs or not self._kv_s_per_token > 0:
+            # errors, the empty batch, and a roofline with no memory term: one by one
+            return [self.decode_seconds(seqs, context + i * seqs) * slowdown for i in range(count)]
+        terms = self._decode_terms.get(seqs)
+        if terms is None:
+            terms = self._decode_terms[seqs] = self._decode_step_terms(seqs)
+        linear, elementwise, communication, hand_off, overhead = terms
+        attn, kv, layers, p, inv_p = (
+            self._attn_s_per_pair,
+            self._kv_s_per_token,
+            self._layers,
+            self._p,
+            self._inv_p,
+        )
+        pow_ = math.pow
+        bubbles = self.pp - 1 if self.pp > 1 else 0
+        out: list[float] = []
+        append = out.append
+        for ctx in range(context, context + count * seqs, seqs):
+            dec_c = ctx * attn
+            dec_m = (ctx + seqs) * kv
+            roof = dec_c if dec_c > dec_m else dec_m
+            if p is not None and roof != 0.0:
+                roof = roof * pow_(1.0 + pow_((dec_c + dec_m - roof) / roof, p), inv_p)
+            stage = linear + layers * roof + elementwise + communication
+            if bubbles:
+                append((stage + bubbles * (stage + hand_off) + overhead) * slowdown)
+            else:
+                append((stage + overhead) * slowdown)
+        return out
+
     def _decode_step_terms(self, seqs: int) -> _DecodeTerms:
         """``step_time``'s linear, elementwise, communication, hand-off and overhead terms for
         ``seqs`` decoding sequences (one token each), computed as ``step_time`` does."""

@@ -442,11 +442,9 @@ class SimControl:
                 driver = drivers[k]
                 if driver.down or k in self.blackout:
                     continue
-                stats = driver.model.stats()
+                running, waiting, usage = driver.load()
                 replica = self.replicas.by_driver[k].id
-                loads.append(
-                    ScrapedLoad(replica, stats.num_running, stats.num_waiting, stats.kv_cache_usage)
-                )
+                loads.append(ScrapedLoad(replica, running, waiting, usage))
             self._report(now, Scraped(model, tuple(loads)))
         self.scrapes += 1
 

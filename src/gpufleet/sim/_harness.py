@@ -151,6 +151,7 @@ class FleetHarness:
     """
 
     __slots__ = (
+        "_defer",
         "_horizon",
         "_lost",
         "_more",
@@ -180,18 +181,31 @@ class FleetHarness:
         kernel: Kernel | None = None,
         recorder: Recorder | None = None,
         fast_forward: bool = True,
+        run_ahead: bool = True,
     ) -> None:
+        """``fast_forward``: replicas skip their runs of pure-decode steps (deferred, caught
+        up when looked at). ``run_ahead`` too: a run that ends before the next shared event
+        is applied at once, ahead of the kernel's ``now``. Without it nothing is applied
+        ahead of ``now`` (no ``next_shared`` promise), so a local event's shared consequence
+        (a queued request routed when another ends) takes effect at its own instant."""
         if not replicas:
             raise ValueError("a fleet needs at least one replica")
         if choose is not None and routing is not None:
             raise ValueError("give choose or routing, not both")
         self.kernel = kernel if kernel is not None else Kernel()
         self.recorder = recorder if recorder is not None else Recorder()
-        horizon = self.kernel.next_shared if fast_forward else None
+        horizon = self.kernel.next_shared if fast_forward and run_ahead else None
         self._horizon = horizon
+        self._defer = fast_forward
         self.drivers = [
             ReplicaDriver(
-                i, m, self.recorder, horizon=horizon, on_end=self._ended, kernel=self.kernel
+                i,
+                m,
+                self.recorder,
+                horizon=horizon,
+                on_end=self._ended,
+                kernel=self.kernel,
+                defer=fast_forward,
             )
             for i, m in enumerate(replicas)
         ]
@@ -262,6 +276,7 @@ class FleetHarness:
                 horizon=self._horizon,
                 on_end=self._ended,
                 kernel=self.kernel,
+                defer=self._defer,
             )
         )
         self.drivers[index].on_kv = self.kv_hook

@@ -46,8 +46,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import reduce
+from itertools import accumulate, islice
+from operator import add, sub
 
-from gpufleet.engine.model import DecodeRun, KvCacheEvent, NewRequest, ReplicaModel, StepPlan
+from gpufleet.engine.model import (
+    DecodeRun,
+    KvCacheEvent,
+    NewRequest,
+    ReplicaModel,
+    RunAhead,
+    StepPlan,
+)
 from gpufleet.sim._kernel import NORMAL, Event, Kernel, ScheduledEvent
 from gpufleet.sim._recorder import Recorder, RequestRecord
 
@@ -140,6 +150,7 @@ class ReplicaDriver:
     """
 
     __slots__ = (
+        "_ahead",
         "_busy",
         "_busy_s",
         "_down_since",
@@ -175,12 +186,15 @@ class ReplicaDriver:
         horizon: Callable[[], float] | None = None,
         on_end: EndHook | None = None,
         kernel: Kernel | None = None,
+        defer: bool = False,
     ) -> None:
         self.index = index
-        self._kernel = kernel if horizon is not None else None
+        self._kernel = kernel if horizon is not None or defer else None
         """Given with ``horizon``: runs past it are deferred, not cut (module docstring)."""
         self._run_from: float | None = None
         """A deferred run is pending: it starts here (the replica's state is as of then)."""
+        self._ahead: RunAhead | None = None
+        """The pending run's steps, priced (valid while ``_run_from`` is set)."""
         self._run_at: float | None = None
         """When the ``RunEnd`` event in the kernel's heap falls (None: there is none)."""
         self.stale_events = 0
@@ -272,6 +286,18 @@ class ReplicaDriver:
             self.catch_up()
         return self._model
 
+    def load(self) -> tuple[int, int, float]:
+        """``(num_running, num_waiting, kv_cache_usage)`` as of the kernel's ``now``, what a
+        scrape reads: ``model.load()``, but a pending run is not caught up for it (the run
+        goes on as if nobody had looked; the same numbers, from its priced steps)."""
+        if self._run_from is not None:
+            ahead, kernel = self._ahead, self._kernel
+            assert ahead is not None
+            assert kernel is not None
+            if kernel.now <= ahead.end:
+                return ahead.load_at(kernel.now)
+        return self.model.load()
+
     @property
     def steps(self) -> int:
         """Steps run, fast-forwarded ones included."""
@@ -361,18 +387,25 @@ class ReplicaDriver:
 
     def _advance(self, now: float) -> list[ScheduledEvent]:
         """After a step ends at ``now``: fast-forward (or defer) a decode run, plan the next."""
-        horizon = self._horizon
-        if horizon is None:
+        horizon, kernel = self._horizon, self._kernel
+        if horizon is None and kernel is None:
             return self._plan(now)
-        if self._kernel is not None:
-            ahead = self._model.decode_run_end(now)
-            if ahead is not None and ahead[1] > 1 and ahead[0] >= horizon():
+        if kernel is not None:
+            ahead = self._model.decode_run_ahead(now)
+            if (
+                ahead is not None
+                and ahead.steps > 1
+                and (horizon is None or ahead.end >= horizon())
+            ):
                 self._run_from = now  # someone may look before it ends: defer it
-                end = ahead[0]
+                self._ahead = ahead
+                end = ahead.end
                 if self._run_at == end:
                     return []  # the RunEnd of the run caught up before ends here too
                 self._run_at = end
                 return [ScheduledEvent(end, STEP_PRIORITY, RunEnd(self, self._epoch), local=True)]
+        if horizon is None:  # deferring only: nothing is applied ahead of now
+            return self._plan(now)
         run = self._model.run_decodes(now, horizon())
         if run is not None:
             now = self._record_run(now, run)
@@ -456,25 +489,25 @@ class ReplicaDriver:
         states = [live[rid] for rid in run.request_ids]
         itl = self._itl
         durations = run.durations
-        t = now + durations[0]
+        # times[i] = now + durations[0] + ... + durations[i - 1], added left to right as the
+        # kernel adds them; the shared gaps are differences of neighbouring times
+        times = run.times
+        if times is None or times[0] != now:
+            times = list(accumulate(durations, add, initial=now))
+        t = times[1]
         gaps: dict[float, int] = {}
         for state in states:
             gap = t - state.last
             gaps[gap] = gaps.get(gap, 0) + 1
         for gap, count in gaps.items():
             itl.add(gap, count)
-        busy = self._busy_s + durations[0]
-        shared: list[float] = []
-        add_gap = shared.append
-        for duration in durations[1:]:
-            end = t + duration
-            add_gap(end - t)
-            busy += duration
-            t = end
-        itl.add_each(shared, len(states))
+        if len(times) > 2:
+            shared = list(map(sub, islice(times, 2, None), islice(times, 1, None)))
+            itl.add_each(shared, len(states))
+        t = times[-1]
         for state in states:
             state.last = t
-        self._busy_s = busy
+        self._busy_s = reduce(add, durations, self._busy_s)
         self._steps += len(durations)
         self.fast_steps += len(durations)
         self.fast_runs += 1

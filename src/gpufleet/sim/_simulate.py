@@ -154,8 +154,10 @@ class FleetSimulation:
             PromptBuilder(vocab, options.seed),
             # A queued request starts the instant another ends, on any replica: no replica
             # may run ahead of the fleet while admission is on (sim/_admission.py), or
-            # while a batch gate holds a batch tenant's requests (docs/batch.md).
-            fast_forward=options.fast_forward and not admitting and not gated(fleet, options),
+            # while a batch gate holds a batch tenant's requests (docs/batch.md). Deferred
+            # runs still hold: they apply nothing ahead of the instant someone looks.
+            fast_forward=options.fast_forward,
+            run_ahead=not admitting and not gated(fleet, options),
         )
         self.admitting = admitting
         known = set(self.replica_ids)

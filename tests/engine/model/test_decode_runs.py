@@ -306,3 +306,57 @@ def test_a_run_stops_where_the_cache_runs_out_and_plan_step_preempts() -> None:
     assert_same(slow, fast)
     assert fast.runs
     assert slow.final[0].num_preemptions > 0
+
+
+def _caught_up(
+    config: ReplicaConfig, arrivals: list[NewRequest], until: float
+) -> tuple[ReplicaModel, float]:
+    """A replica given ``arrivals`` at 0 and stepped to its first pure-decode run, that run
+    then caught up to ``until`` as the simulator's driver does: the steps that end before
+    ``until`` applied, the step in flight at ``until`` planned."""
+    model = ReplicaModel(config)
+    start = decoding(model, *arrivals)
+    run = model.run_decodes(start, until)
+    t = start
+    for duration in () if run is None else run.durations:
+        t += duration
+    assert model.plan_step(t) is not None
+    return model, start
+
+
+@pytest.mark.parametrize(
+    ("overrides", "lengths"),
+    [
+        ({}, [(40, 200), (20, 90), (70, 120)]),
+        ({"block_size": 4}, [(6, 60), (9, 80), (3, 70), (13, 40)]),
+        ({"num_gpu_blocks_override": 12, "block_size": 4}, [(6, 40), (5, 40)]),  # blocks run out
+    ],
+)
+def test_a_run_priced_ahead_answers_for_the_replica_caught_up_anywhere_in_it(
+    overrides: dict[str, Any], lengths: list[tuple[int, int]]
+) -> None:
+    config = make_config(**overrides)
+    arrivals = [request(f"r{k}", p, max_tokens=m) for k, (p, m) in enumerate(lengths)]
+    model = ReplicaModel(config)
+    start = decoding(model, *arrivals)
+    ahead = model.decode_run_ahead(start)
+    assert ahead is not None
+    assert model.decode_run_end(start) == (ahead.end, ahead.steps)
+    whole = model.run_decodes(start, math.inf)
+    assert whole is not None
+    assert ahead.steps == whole.num_steps
+    t = start
+    for k, duration in enumerate(whole.durations):
+        t += duration
+        assert ahead.times[k + 1] == t  # summed one by one, as the kernel sums
+    times = ahead.times
+    instants = {times[0], times[-1], (times[0] + times[-1]) / 2}
+    for k in range(1, len(times)):
+        instants |= {times[k], (times[k - 1] + times[k]) / 2}
+    for now in sorted(instants):
+        caught, _ = _caught_up(config, arrivals, now)
+        assert ahead.load_at(now) == caught.load(), now
+        stats = caught.stats()
+        assert caught.load() == (stats.num_running, stats.num_waiting, stats.kv_cache_usage)
+    with pytest.raises(ValueError, match="outside the run"):
+        ahead.load_at(times[-1] + 1.0)

@@ -12,7 +12,7 @@ from gpufleet.engine.model._kv_events import (
     KvCacheEvent,
     external_hash,
 )
-from gpufleet.engine.model._replica import ReplicaModel
+from gpufleet.engine.model._replica import ReplicaModel, RunAhead
 from gpufleet.engine.model._types import (
     DecodeRun,
     FinishReason,
@@ -37,6 +37,7 @@ __all__ = [
     "ReplicaModel",
     "ReplicaStats",
     "RequestOutput",
+    "RunAhead",
     "StepPlan",
     "block_hash_chain",
     "external_hash",

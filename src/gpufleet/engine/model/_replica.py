@@ -18,6 +18,9 @@ request's share of the step in flight is dropped and produces no output.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from itertools import accumulate, islice
+from operator import add
 
 from gpufleet.engine.model._kv_cache import KVCacheManager
 from gpufleet.engine.model._kv_events import KvCacheEvent
@@ -42,6 +45,68 @@ from gpufleet.perf import (
     StepTimeModel,
     memory_plan,
 )
+
+_Run = tuple[list[Request], dict[int, list[Request]], list[int], int, list[float], int]
+"""A priced run (``ReplicaModel._decode_run``): running requests, crossings by phase, phases,
+steps, the durations memo and the run's first index in it."""
+
+
+class RunAhead:
+    """A run of pure-decode steps priced and not applied (``ReplicaModel.decode_run_ahead``):
+    when each step ends, and what the replica would show at an instant inside the run had it
+    been caught up to there (``run_decodes(start, now)``, then ``plan_step``)."""
+
+    __slots__ = ("_blocks", "_crossings", "_seqs", "_size", "_used", "times")
+
+    def __init__(
+        self,
+        times: list[float],
+        *,
+        seqs: int,
+        used: int,
+        blocks: int,
+        size: int,
+        crossings: list[tuple[int, int]],
+    ) -> None:
+        self.times = times
+        """``times[0]`` the run's start, ``times[i + 1]`` the end of its step ``i``."""
+        self._seqs = seqs
+        self._used = used
+        self._blocks = blocks
+        self._size = size
+        self._crossings = crossings
+        """``(phase, requests)``: that many requests take a block at step ``phase`` of the
+        run, then every ``size`` steps."""
+
+    @property
+    def end(self) -> float:
+        return self.times[-1]
+
+    @property
+    def steps(self) -> int:
+        return len(self.times) - 1
+
+    def load_at(self, now: float) -> tuple[int, int, float]:
+        """``(num_running, num_waiting, kv_cache_usage)`` of the replica caught up to ``now``
+        (``start <= now <= end``), as :meth:`ReplicaModel.load` would then say.
+
+        Caught up, the steps that ended before ``now`` are applied and the step in flight at
+        ``now`` is planned: its crossings have their blocks too. Nobody waits in a run.
+        """
+        times = self.times
+        if not times[0] <= now <= times[-1]:
+            raise ValueError(f"{now} is outside the run ({times[0]} to {times[-1]})")
+        flight = bisect_left(times, now, 1) - 1  # the steps that ended before now
+        size = self._size
+        taken = sum(
+            need * ((flight - phase) // size + 1)
+            for phase, need in self._crossings
+            if phase <= flight
+        )
+        return self._seqs, 0, (self._used + taken) / self._blocks
+
+
+_Priced = tuple[RunAhead, _Run]
 
 
 class ReplicaModel:
@@ -85,6 +150,9 @@ class ReplicaModel:
         """``(seqs, context, slowdown, durations)``: the decode-step durations last computed,
         ``durations[i] = decode_seconds(seqs, context + i·seqs) × slowdown`` (see
         :meth:`_durations`)."""
+        self._priced: _Priced | None = None
+        """The run :meth:`decode_run_ahead` priced last, while the state it priced holds (every
+        change drops it): :meth:`run_decodes` from its start reads it instead of pricing again."""
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished = dict.fromkeys((reason.value for reason in FinishReason), 0)
@@ -123,11 +191,13 @@ class ReplicaModel:
         if not (math.isfinite(factor) and factor > 0):
             raise ValueError(f"slowdown factor must be a finite number > 0, got {factor}")
         self._slowdown = factor
+        self._priced = None
 
     # -- requests -----------------------------------------------------------------------
 
     def add_request(self, request: NewRequest, now: float) -> None:
         """Queue ``request`` (arrival time ``now``); ``ValueError`` when it cannot be served."""
+        self._priced = None
         self._validate(request)
         if request.pooling:
             target, offset = 0, 0
@@ -154,6 +224,7 @@ class ReplicaModel:
         state = self._requests.pop(request_id, None)
         if state is None:
             return False
+        self._priced = None
         self._scheduler.remove(state)
         self._finished[FinishReason.ABORT.value] += 1
         return True
@@ -163,6 +234,7 @@ class ReplicaModel:
         nothing forgotten, while a request holds blocks or a step is in flight."""
         if self._requests or self._in_flight is not None:
             return False
+        self._priced = None
         return self._kv.pool.reset_cache()
 
     def has_work(self) -> bool:
@@ -179,6 +251,7 @@ class ReplicaModel:
             )
         if not self.has_work():
             return None
+        self._priced = None
         budget = self._scheduler.schedule()
         if budget.is_empty:  # max_model_len <= KV capacity makes this impossible
             raise RuntimeError("the scheduler found work but scheduled nothing (a bug)")
@@ -322,57 +395,51 @@ class ReplicaModel:
         ``RuntimeError`` while a step is in flight, as ``plan_step``; ``ValueError`` for a
         NaN time.
         """
-        if self._in_flight is not None:
-            raise RuntimeError(
-                f"run_decodes called while step {self._in_flight.step} is in flight; "
-                "call finish_step with its plan first"
-            )
+        self._check_idle("run_decodes")
         if math.isnan(now) or math.isnan(until):
             raise ValueError(f"run_decodes needs times, got now={now} until={until}")
-        batch = self._pure_decodes()
-        if batch is None:
-            return None
-        running, limit, context, crossings = batch
-        seqs, size = len(running), self._kv.block_size
-        phases = sorted(crossings)
-        next_phase, block_start = 0, 0
-        crossing_step = phases[0]  # the next step in which some request needs a block
-        decode_seconds, slowdown, grow = self._steps.decode_seconds, self._slowdown, self._kv.grow
-        known, base = self._durations(seqs, context)
-        durations: list[float] = []
-        t = now
-        steps = 0
-        while steps < limit:
-            if base + steps < len(known):
-                duration = known[base + steps]
-            else:
-                duration = decode_seconds(seqs, context) * slowdown
-                known.append(duration)
-            end = t + duration
-            if end >= until:
-                break
-            if steps == crossing_step:
-                group = crossings[crossing_step - block_start]
-                if not grow([(r, r.num_computed_tokens + 1 + steps) for r in group]):
+        priced = self._priced
+        times: list[float] | None = None
+        if priced is not None and priced[0].times[0] == now:
+            times, run = priced[0].times, priced[1]
+        else:
+            fresh = self._decode_run()
+            if fresh is None:
+                return None
+            run = fresh
+        running, crossings, phases, steps, known, base = run
+        if until != math.inf:
+            # the steps that end before ``until``: t is summed one duration at a time, as
+            # the step-by-step shell sums it (accumulate adds left to right)
+            if times is None:
+                times = list(accumulate(islice(known, base, base + steps), add, initial=now))
+            steps = bisect_left(times, until, 1, steps + 1) - 1
+            if not steps:
+                return None
+        self._priced = None
+        # the steps' crossings in step order: the same allocate calls, in the same order,
+        # as the steps' running passes (the blocks are there: _decode_run counted them)
+        size, grow = self._kv.block_size, self._kv.grow
+        for block_start in range(0, steps, size):
+            for phase in phases:
+                step = block_start + phase
+                if step >= steps:
                     break
-                next_phase += 1
-                if next_phase == len(phases):
-                    next_phase, block_start = 0, block_start + size
-                crossing_step = block_start + phases[next_phase]
-            durations.append(duration)
-            t = end
-            context += seqs
-            steps += 1
-        if not steps:
-            return None
+                grown = grow([(r, r.num_computed_tokens + 1 + step) for r in crossings[phase]])
+                assert grown, "a run's crossing found too few free blocks"
         for r in running:
             r.num_computed_tokens += steps
             r.num_tokens += steps
             r.num_output_tokens += steps
-        self._generation_tokens += seqs * steps
+        self._generation_tokens += len(running) * steps
         first = self._step
         self._step += steps
-        return DecodeRun(tuple(durations), tuple(r.request_id for r in running), first)
+        return DecodeRun(
+            tuple(islice(known, base, base + steps)),
+            tuple(r.request_id for r in running),
+            first,
+            times=None if times is None else times[: steps + 1],
+        )
 
     def decode_run_end(self, now: float) -> tuple[float, int] | None:
         """Where ``run_decodes(now, math.inf)`` would end, and after how many steps, with
@@ -385,44 +452,73 @@ class ReplicaModel:
         counted, not taken: each request that crosses a block boundary needs one, and a run
         stops at the step whose crossings the free blocks cannot all cover, as ``grow`` does.
         """
+        ahead = self.decode_run_ahead(now)
+        return None if ahead is None else (ahead.end, ahead.steps)
+
+    def decode_run_ahead(self, now: float) -> RunAhead | None:
+        """:meth:`decode_run_end`, with what a shell needs to answer for the replica at any
+        instant of the run without applying it: each step's end time and the load a scrape
+        would see (:meth:`RunAhead.load_at`). Valid until the model is next changed."""
+        self._check_idle("decode_run_end")
+        run = self._decode_run()
+        if run is None:
+            return None
+        running, crossings, phases, steps, known, base = run
+        times = list(accumulate(islice(known, base, base + steps), add, initial=now))
+        pool = self._kv.pool
+        ahead = RunAhead(
+            times,
+            seqs=len(running),
+            used=pool.num_blocks - pool.num_free,
+            blocks=pool.num_blocks,
+            size=self._kv.block_size,
+            crossings=[(phase, len(crossings[phase])) for phase in phases],
+        )
+        self._priced = (ahead, run)
+        return ahead
+
+    def _check_idle(self, name: str) -> None:
         if self._in_flight is not None:
             raise RuntimeError(
-                f"decode_run_end called while step {self._in_flight.step} is in flight; "
+                f"{name} called while step {self._in_flight.step} is in flight; "
                 "call finish_step with its plan first"
             )
+
+    def _decode_run(self) -> _Run | None:
+        """The run of pure-decode steps from the state now, priced: its running requests,
+        their crossings by phase, the phases in order, how many steps it takes (before a
+        request finishes, and while the free blocks cover each step's crossings), and the
+        memo of durations with the index of its first step; ``None`` when it is empty."""
         batch = self._pure_decodes()
         if batch is None:
             return None
         running, limit, context, crossings = batch
         seqs, size = len(running), self._kv.block_size
         phases = sorted(crossings)
-        needs = [len(crossings[phase]) for phase in phases]
-        next_phase, block_start = 0, 0
-        crossing_step = phases[0]
-        decode_seconds, slowdown = self._steps.decode_seconds, self._slowdown
-        known, base = self._durations(seqs, context)
+        # Blocks: every request crosses once per block_size steps, so a whole round of
+        # phases needs seqs blocks. The run stops at the first crossing step whose needs the
+        # free blocks left cannot all cover (the step that grow() would refuse).
         free = self._kv.pool.num_free
-        t = now
-        steps = 0
-        while steps < limit:
-            if base + steps < len(known):
-                duration = known[base + steps]
-            else:
-                duration = decode_seconds(seqs, context) * slowdown
-                known.append(duration)
-            if steps == crossing_step:
-                need = needs[next_phase]
-                if need > free:
-                    break
-                free -= need
-                next_phase += 1
-                if next_phase == len(phases):
-                    next_phase, block_start = 0, block_start + size
-                crossing_step = block_start + phases[next_phase]
-            t += duration
-            context += seqs
-            steps += 1
-        return (t, steps) if steps else None
+        rounds, left = divmod(free, seqs)
+        for phase in phases:
+            need = len(crossings[phase])
+            if need > left:
+                break
+            left -= need
+        else:  # pragma: no cover - the phases' needs sum to seqs > left
+            raise AssertionError("the crossings do not add up to the running requests")
+        steps = min(limit, rounds * size + phase)
+        if steps <= 0:
+            return None
+        known, base = self._durations(seqs, context)
+        have = len(known) - base
+        if have < steps:
+            known.extend(
+                self._steps.decode_run_seconds(
+                    seqs, context + have * seqs, steps - have, self._slowdown
+                )
+            )
+        return running, crossings, phases, steps, known, base
 
     def _durations(self, seqs: int, context: int) -> tuple[list[float], int]:
         """The memo of decode-step durations for a run of ``seqs`` requests from ``context``,
@@ -472,6 +568,12 @@ class ReplicaModel:
         return running, limit, context, crossings
 
     # -- observation --------------------------------------------------------------------
+
+    def load(self) -> tuple[int, int, float]:
+        """``(num_running, num_waiting, kv_cache_usage)``: what a scrape reads of
+        :meth:`stats`, without building it."""
+        scheduler = self._scheduler
+        return len(scheduler.running), len(scheduler.waiting), self._kv.usage
 
     def stats(self) -> ReplicaStats:
         scheduler = self._scheduler

@@ -200,6 +200,10 @@ class DecodeRun:
     """The running requests, in running order (the order step outputs would have had)."""
     first_step: int
     """``StepPlan.step`` the first step would have had; the next plan numbers on from the end."""
+    times: list[float] | None = field(default=None, compare=False, repr=False)
+    """When given, ``times[i]`` is ``now + durations[0] + … + durations[i - 1]`` summed left to
+    right (``times[0]`` the run's start, ``times[-1]`` its end): the step ends the model
+    already summed, for a shell that would sum them again."""
 
     @property
     def num_steps(self) -> int:
