@@ -9,9 +9,9 @@ of them (:mod:`gpufleet.cli._lean`).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+import typing
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from gpufleet.cli._app import app
 
 __all__ = ["app", "main"]
@@ -29,7 +29,7 @@ def main() -> None:
     full()
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "app":
         from gpufleet.cli._app import app  # noqa: PLC0415
 
