@@ -16,7 +16,7 @@ import httpx
 
 
 def start_up(
-    fleet: Path,
+    fleet: Path | None,
     log: Path,
     *extra: str,
     run_dir: Path,
@@ -24,15 +24,17 @@ def start_up(
     timeout: float = 30.0,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``gpufleet up --fleet FLEET --port 0 --run-dir RUN_DIR EXTRA…`` with its output in
-    ``log``; return the process and the gateway's base URL once it listens. Its store (the
-    Batch API's, with auth off too) is under ``$GPUFLEET_HOME``: ``env``'s, else a folder
-    beside ``log``, never the working directory."""
+    ``log`` (``fleet`` ``None``: no ``--fleet``, the default fleet ``make run`` starts);
+    return the process and the gateway's base URL once it listens. Its store (the Batch
+    API's, with auth off too) is under ``$GPUFLEET_HOME``: ``env``'s, else a folder beside
+    ``log``, never the working directory."""
     env = dict(env if env is not None else os.environ)
     if "GPUFLEET_HOME" not in env:
         env["GPUFLEET_HOME"] = str(log.parent / "gpufleet-home")
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet", "up", "--fleet", str(fleet), "--port", "0",
+            [sys.executable, "-m", "gpufleet", "up",
+             *(() if fleet is None else ("--fleet", str(fleet))), "--port", "0",
              "--run-dir", str(run_dir), *extra],
             stdout=out, stderr=subprocess.STDOUT,
             env={**env, "PYTHONUNBUFFERED": "1"},
