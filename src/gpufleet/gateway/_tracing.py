@@ -155,7 +155,7 @@ class RequestTrace(Spans):
                 "gpufleet.attempt": self.attempts,
                 "gpufleet.retry": route.retry,
                 "gpufleet.resume": route.resume,
-                "server.address": url,
+                "url.full": url,
             },
         )
         carrier: dict[str, str] = {}
