@@ -1,5 +1,6 @@
-"""Process and port helpers the loopback benches share (gateway_cost.py, long_prompts.py):
-run as ``python bench/X.py``, a bench imports this file as a sibling module."""
+"""Process, port and HTTP-framing helpers the loopback benches share (gateway_cost.py,
+long_prompts.py): run as ``python bench/X.py``, a bench imports this file as a sibling
+module."""
 
 from __future__ import annotations
 
@@ -45,3 +46,36 @@ def process(argv: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def chunk(data: bytes) -> bytes:
+    """``data`` as one HTTP/1.1 chunk (``transfer-encoding: chunked``)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def post(port: int, body: bytes, path: bytes = b"/v1/chat/completions") -> bytes:
+    """The raw bytes of a kept-alive JSON ``POST`` to ``127.0.0.1:port``."""
+    return (
+        b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+    ) % (path, port, len(body), body)
+
+
+def static_gateway(model: str, backends: list[int], policy: str) -> Any:
+    """The gateway app over one pool of ``model`` on ``backends`` (loopback ports), routed
+    by ``policy``. gpufleet is imported here: a bench that runs another tree's gateway
+    (``PYTHONPATH``) gets that tree's."""
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from gpufleet.config import parse_fleet  # noqa: PLC0415
+    from gpufleet.fleet import ReplicaId  # noqa: PLC0415
+    from gpufleet.gateway import StaticReplicas, Upstream, create_gateway  # noqa: PLC0415
+
+    config = parse_fleet(
+        {"models": [{"name": model, "replicas": len(backends), "routing": policy}]}
+    )
+    replicas = [
+        Upstream(ReplicaId(f"{model}-{i}"), model, f"http://127.0.0.1:{p}")
+        for i, p in enumerate(backends)
+    ]
+    return create_gateway(config, StaticReplicas(replicas), CollectorRegistry())

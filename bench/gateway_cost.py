@@ -54,19 +54,13 @@ from typing import Any
 
 import uvicorn
 import uvloop
-from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
-from _procs import free_port, process, wait_port
-from gpufleet.config import parse_fleet
-from gpufleet.fleet import ReplicaId
+from _procs import chunk, free_port, post, process, static_gateway, wait_port
 from gpufleet.gateway import (
     SERVER_OPTIONS,
     GatewayServer,
-    StaticReplicas,
-    Upstream,
-    create_gateway,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,10 +112,6 @@ def _head(status: int, length: int | None, content_type: bytes) -> bytes:
     return b"HTTP/1.1 %d OK\r\ncontent-type: %s\r\n%s\r\n\r\n" % (status, content_type, size)
 
 
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
 async def _backend_conn(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, chunks: int, gap: float
 ) -> None:
@@ -142,8 +132,8 @@ async def _backend_conn(
                 writer.write(_head(200, None, b"text/event-stream"))
                 for _ in range(chunks):
                     await asyncio.sleep(gap)
-                    writer.write(_chunk(_EVENT))
-                writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                    writer.write(chunk(_EVENT))
+                writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
             else:
                 writer.write(_head(200, len(_COMPLETION), b"application/json") + _COMPLETION)
             await writer.drain()
@@ -168,14 +158,7 @@ async def _serve_backend(ports: list[int], chunks: int, gap: float) -> None:
 
 
 def _serve_gateway(port: int, backends: list[int], policy: str, server: str) -> None:
-    config = parse_fleet(
-        {"models": [{"name": MODEL, "replicas": len(backends), "routing": policy}]}
-    )
-    replicas = [
-        Upstream(ReplicaId(f"{MODEL}-{i}"), MODEL, f"http://127.0.0.1:{p}")
-        for i, p in enumerate(backends)
-    ]
-    app = create_gateway(config, StaticReplicas(replicas), CollectorRegistry())
+    app = static_gateway(MODEL, backends, policy)
     if server == "uvicorn":  # as gpufleet up served it before: uvloop, httptools, SERVER_OPTIONS
         uvicorn.run(
             app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", **SERVER_OPTIONS
@@ -205,10 +188,7 @@ def _request(i: int, port: int, stream: bool) -> bytes:
             "stream": stream,
         }
     ).encode()
-    return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
-        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-    ) % (port, len(body), body)
+    return post(port, body)
 
 
 async def _exchange(

@@ -56,7 +56,7 @@ from typing import Any
 
 import uvloop
 
-from _procs import free_port, process, wait_port
+from _procs import chunk, free_port, post, process, static_gateway, wait_port
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "long_prompts.json"
@@ -81,16 +81,12 @@ def _event(content: str) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
 _FIRST = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    + _chunk(_event("The"))
+    + chunk(_event("The"))
 )
-_REST = b"".join(_chunk(_event(w)) for w in (" quick", " brown", " fox")) + (
-    _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+_REST = b"".join(chunk(_event(w)) for w in (" quick", " brown", " fox")) + (
+    chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 )
 _METRICS = (
     b'vllm:num_requests_running{model_name="m"} 0.0\n'
@@ -138,25 +134,9 @@ async def _serve_backend(ports: list[int]) -> None:
 
 def _serve_gateway(port: int, backends: list[int], policy: str) -> None:
     # imported here: a gateway of another tree (``--before``) imports its own gpufleet
-    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+    from gpufleet.gateway import GatewayServer  # noqa: PLC0415
 
-    from gpufleet.config import parse_fleet  # noqa: PLC0415
-    from gpufleet.fleet import ReplicaId  # noqa: PLC0415
-    from gpufleet.gateway import (  # noqa: PLC0415
-        GatewayServer,
-        StaticReplicas,
-        Upstream,
-        create_gateway,
-    )
-
-    config = parse_fleet(
-        {"models": [{"name": MODEL, "replicas": len(backends), "routing": policy}]}
-    )
-    replicas = [
-        Upstream(ReplicaId(f"{MODEL}-{i}"), MODEL, f"http://127.0.0.1:{p}")
-        for i, p in enumerate(backends)
-    ]
-    app = create_gateway(config, StaticReplicas(replicas), CollectorRegistry())
+    app = static_gateway(MODEL, backends, policy)
     sock = socket.create_server(("127.0.0.1", port), backlog=2048)
     uvloop.run(GatewayServer(app).serve([sock]))
 
@@ -205,10 +185,7 @@ def _request(i: int, port: int, size: int, corpus: str) -> bytes:
             "stream": True,
         }
     ).encode()
-    return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
-        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-    ) % (port, len(body), body)
+    return post(port, body)
 
 
 # -- the load generator --------------------------------------------------------------------
