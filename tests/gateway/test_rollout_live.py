@@ -161,7 +161,13 @@ def test_a_blue_green_switch_under_streaming_load_cuts_no_stream() -> None:
     32 clients stream throughout, and every stream ends with its finish reason."""
     config = rolling_fleet()
     data = config.model_dump(mode="json", exclude_none=True)
+    # This test is about streams across the switch, not the analysis' sensitivity (the
+    # canary tests and bench/rollout_analysis.py are): blue-green compares the bake with a
+    # past window, and on a 2-core machine running the suite a good version's TTFT P99 was
+    # once 1.52x its warm-up baseline (0.327 vs 0.215 s; docs/design/rollout.md's
+    # limitation). A 3x tolerance keeps a real regression visible, a load swing not.
     data["served"][0]["rollout"] |= {"strategy": "blue-green", "step_seconds": 5.0}
+    data["served"][0]["rollout"]["analysis"] |= {"ttft_p99_ratio": 3.0}
     config = parse_fleet(data, source="test")
     with fleet_of(config, time_scale=1.0) as running:
         ended: list[tuple[str, str | None]] = []
