@@ -120,6 +120,8 @@ class QueueReport:
 
 _REQUEST_EVENTS: Final = (AttemptFailed, Finished, ClientGone)
 _ROLLOUT_EVENTS: Final = (Latencies, RolloutStart, RolloutAct)
+_FLEET_EVENTS: Final = (Tick, *_ROLLOUT_EVENTS, Weights, Resident)
+"""Events of no one pool (the rest go to the pool they name)."""
 
 
 class FleetController:
@@ -217,6 +219,14 @@ class FleetController:
         followed = False
         if isinstance(event, Arrived):
             commands, followed = self._arrived(now, event)
+        elif not isinstance(event, _FLEET_EVENTS) and not (
+            self._flights and isinstance(event, _REQUEST_EVENTS)
+        ):  # a pool's own event (most: a request's end, a scrape)
+            self.touched = event.model
+            pool = self.pools.get(event.model)
+            commands = [] if pool is None else pool.handle(now, event)
+        elif isinstance(event, _REQUEST_EVENTS):  # of a request in a flight
+            event, commands = self._request_event(now, event)
         elif isinstance(event, Tick):
             commands = self._tick(now, event)
         elif isinstance(event, _ROLLOUT_EVENTS):
@@ -226,14 +236,8 @@ class FleetController:
             self.touched = None
             self._reweigh(event)
             commands = []
-        elif isinstance(event, Resident):
+        else:  # Resident
             commands = []  # residency's own (below)
-        elif self._flights and isinstance(event, _REQUEST_EVENTS):
-            event, commands = self._request_event(now, event)
-        else:
-            self.touched = event.model
-            pool = self.pools.get(event.model)
-            commands = [] if pool is None else pool.handle(now, event)
         if self._flights and commands and not followed:
             commands = self._follow(now, commands)
         if self.residency is not None:

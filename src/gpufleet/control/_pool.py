@@ -71,7 +71,6 @@ from gpufleet.fleet import (
     ReplicaLoad,
     ReplicaState,
     ReplicaView,
-    RequestFinished,
     RouteRequest,
 )
 from gpufleet.policy import (
@@ -662,7 +661,7 @@ class PoolController:
             del self.attempts[replica]
         self.router.on_request_end(now, req.request, replica, outcome)
         if replica in self._seen:
-            return self.health.on_event(now, RequestFinished(replica, outcome))
+            return self.health.finished(now, replica, outcome)
         return False
 
     def _failed(

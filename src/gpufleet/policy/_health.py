@@ -29,6 +29,7 @@ from gpufleet.fleet import (
     IN_SERVICE,
     FleetEvent,
     FleetView,
+    Outcome,
     ProbeResult,
     ReplicaId,
     ReplicaState,
@@ -152,20 +153,26 @@ class HealthPolicy:
 
     def on_event(self, now: float, event: FleetEvent) -> bool:
         """Remember ``event``; ``True`` when a decision now would differ (decide soon)."""
-        health = self._replicas.get(event.replica) or ReplicaHealth(BreakerState(since=now))
         match event:
             case RequestFinished(outcome=outcome):
-                breaker = record_outcome(health.breaker, outcome)
-                if breaker is not health.breaker:
-                    self._replicas[event.replica] = ReplicaHealth(breaker, health.probe)
-                return tripped(breaker, self.config.outlier) is not None
+                return self.finished(now, event.replica, outcome)
             case ProbeResult(ok=ok):
+                health = self._replicas.get(event.replica) or ReplicaHealth(BreakerState(since=now))
                 probe = answered(health.probe, ok, now, self.config.active)
                 self._replicas[event.replica] = ReplicaHealth(health.breaker, probe)
                 return (
                     probe.status is not health.probe.status
                     or health.breaker.phase is BreakerPhase.HALF_OPEN
                 )
+
+    def finished(self, now: float, replica: ReplicaId, outcome: Outcome) -> bool:
+        """:meth:`on_event` for a :class:`RequestFinished` (once per request: no event is
+        built for it)."""
+        health = self._replicas.get(replica) or ReplicaHealth(BreakerState(since=now))
+        breaker = record_outcome(health.breaker, outcome)
+        if breaker is not health.breaker:
+            self._replicas[replica] = ReplicaHealth(breaker, health.probe)
+        return tripped(breaker, self.config.outlier) is not None
 
     def decide(self, now: float, view: FleetView) -> HealthDecision:
         """Bring every replica of the runtime's ``view`` up to date at ``now``."""

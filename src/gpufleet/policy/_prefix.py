@@ -39,13 +39,13 @@ from gpufleet.fleet import (
 from gpufleet.policy._config import PrefixSettings
 from gpufleet.policy._ranking import (
     CandidateFilter,
+    CandidateMemo,
     LoadSnapshot,
     LoadTracker,
     PoolShape,
     Ranking,
     order_by_key,
     outstanding,
-    select_candidates,
     shape_of,
 )
 from gpufleet.policy._routers import default_filters
@@ -205,7 +205,9 @@ class PrefixAwareRouter:
     ) -> None:
         self.config = config
         self._rng = rng
-        self._filters = default_filters(config.panic_threshold) if filters is None else filters
+        self._candidates = CandidateMemo(
+            default_filters(config.panic_threshold) if filters is None else filters
+        )
         self._index = PrefixIndex(config.index_blocks)
         self._load = LoadTracker()
         self._synced_view: FleetView | None = None
@@ -214,7 +216,7 @@ class PrefixAwareRouter:
     def rank(self, now: float, request: RouteRequest, view: FleetView) -> Ranking:
         if view is not self._synced_view:
             self._sync(view)
-        candidates = select_candidates(request, view, self._filters)
+        candidates = self._candidates(request, view)
         replicas = candidates.replicas
         if not replicas:
             return Ranking((), self.name, candidates.panic)
@@ -241,18 +243,22 @@ class PrefixAwareRouter:
         if best < config.min_match_blocks:
             tiers: tuple[tuple[ReplicaId, ...], ...] = (order_by_key(ids, loads, rng),)
             return Ranking(tiers, self.name, candidates.panic, matched)
-        hit = sorted(
-            position[replica]
+        hit = [
+            k
             for replica, found in matched.items()
-            if found == best and loads[position[replica]] <= limit
-        )
-        taken = set(hit)
-        rest = [i for i in range(len(ids)) if i not in taken]
-        tiers = tuple(
-            order_by_key([ids[i] for i in group], [loads[i] for i in group], rng)
-            for group in (hit, rest)
-            if group
-        )
+            if found == best and loads[k := position[replica]] <= limit
+        ]
+        first: tuple[ReplicaId, ...]
+        if len(hit) == 1:  # mostly: one replica holds the longest prefix (no draw for it)
+            first, rest = (ids[hit[0]],), [i for i in range(len(ids)) if i != hit[0]]
+        else:
+            hit.sort()
+            taken = set(hit)
+            rest = [i for i in range(len(ids)) if i not in taken]
+            first = order_by_key([ids[i] for i in hit], [loads[i] for i in hit], rng)
+        if not rest:
+            return Ranking((first,), self.name, candidates.panic, matched)
+        tiers = (first, order_by_key([ids[i] for i in rest], [loads[i] for i in rest], rng))
         return Ranking(tiers, self.name, candidates.panic, matched)
 
     def _matches(self, now: float, request: RouteRequest) -> dict[ReplicaId, int]:

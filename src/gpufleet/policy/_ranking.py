@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from random import Random
 from types import MappingProxyType
-from typing import Final, Protocol
+from typing import ClassVar, Final, Protocol
 
 from gpufleet.fleet import (
     IN_SERVICE,
@@ -122,6 +122,9 @@ class RoutableFilter:
     """
 
     panic_threshold: float
+    per_view: ClassVar[bool] = True
+    """It reads only the request's model and the view (:class:`CandidateMemo` may keep its
+    answer for the view's life)."""
 
     def __call__(
         self, request: RouteRequest, view: FleetView, candidates: Candidates
@@ -147,6 +150,30 @@ def select_candidates(
             break
         candidates = keep(request, view, candidates)
     return candidates
+
+
+class CandidateMemo:
+    """:func:`select_candidates` with a router's ``filters``, worked out once per view and
+    model when every filter reads only those (``per_view``, as the default pipeline does),
+    not once per request: a view lives for a scrape interval."""
+
+    __slots__ = ("_by_model", "_filters", "_per_view", "_view")
+
+    def __init__(self, filters: Sequence[CandidateFilter]) -> None:
+        self._filters = filters
+        self._per_view = all(getattr(f, "per_view", False) for f in filters)
+        self._view: FleetView | None = None
+        self._by_model: dict[str, Candidates] = {}
+
+    def __call__(self, request: RouteRequest, view: FleetView) -> Candidates:
+        if not self._per_view:
+            return select_candidates(request, view, self._filters)
+        if view is not self._view:
+            self._view, self._by_model = view, {}
+        found = self._by_model.get(request.model)
+        if found is None:
+            found = self._by_model[request.model] = select_candidates(request, view, self._filters)
+        return found
 
 
 # -- load the routers share -------------------------------------------------------------------

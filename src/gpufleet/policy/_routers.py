@@ -17,13 +17,13 @@ from gpufleet.fleet import FleetView, Outcome, ReplicaId, ReplicaView, RouteRequ
 from gpufleet.policy._config import KVAwareConfig, LeastRequestConfig, RoundRobinConfig
 from gpufleet.policy._ranking import (
     CandidateFilter,
+    CandidateMemo,
     LoadSnapshot,
     LoadTracker,
     PoolShape,
     Ranking,
     RoutableFilter,
     order_by_key,
-    select_candidates,
     shape_of,
 )
 
@@ -57,13 +57,15 @@ class RoundRobinRouter:
     ) -> None:
         self.config = config
         self._rng = rng
-        self._filters = default_filters(config.panic_threshold) if filters is None else filters
+        self._candidates = CandidateMemo(
+            default_filters(config.panic_threshold) if filters is None else filters
+        )
         self._cursors: dict[str, int] = {}
         self._load = LoadTracker()
         self._shapes: dict[str, PoolShape] = {}
 
     def rank(self, now: float, request: RouteRequest, view: FleetView) -> Ranking:
-        candidates = select_candidates(request, view, self._filters)
+        candidates = self._candidates(request, view)
         replicas = candidates.replicas
         if not replicas:
             return Ranking((), self.name, candidates.panic)
@@ -106,12 +108,14 @@ class LeastRequestRouter:
     ) -> None:
         self.config = config
         self._rng = rng
-        self._filters = default_filters(config.panic_threshold) if filters is None else filters
+        self._candidates = CandidateMemo(
+            default_filters(config.panic_threshold) if filters is None else filters
+        )
         self._load = LoadTracker()
         self._shapes: dict[str, PoolShape] = {}
 
     def rank(self, now: float, request: RouteRequest, view: FleetView) -> Ranking:
-        candidates = select_candidates(request, view, self._filters)
+        candidates = self._candidates(request, view)
         replicas = candidates.replicas
         if not replicas:
             return Ranking((), self.name, candidates.panic)
@@ -182,12 +186,14 @@ class KVAwareRouter:
     ) -> None:
         self.config = config
         self._rng = rng
-        self._filters = default_filters(config.panic_threshold) if filters is None else filters
+        self._candidates = CandidateMemo(
+            default_filters(config.panic_threshold) if filters is None else filters
+        )
         self._load = LoadTracker()
         self._shapes: dict[str, PoolShape] = {}
 
     def rank(self, now: float, request: RouteRequest, view: FleetView) -> Ranking:
-        candidates = select_candidates(request, view, self._filters)
+        candidates = self._candidates(request, view)
         replicas = candidates.replicas
         if not replicas:
             return Ranking((), self.name, candidates.panic)

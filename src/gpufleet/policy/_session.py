@@ -26,12 +26,12 @@ from gpufleet.fleet import FleetView, Outcome, ReplicaId, RouteRequest
 from gpufleet.policy._config import SessionConfig
 from gpufleet.policy._ranking import (
     CandidateFilter,
+    CandidateMemo,
     LoadSnapshot,
     LoadTracker,
     PoolShape,
     Ranking,
     order_by_key,
-    select_candidates,
     shape_of,
 )
 from gpufleet.policy._routers import default_filters
@@ -91,13 +91,15 @@ class SessionRouter:
     ) -> None:
         self.config = config
         self._rng = rng
-        self._filters = default_filters(config.panic_threshold) if filters is None else filters
+        self._candidates = CandidateMemo(
+            default_filters(config.panic_threshold) if filters is None else filters
+        )
         self._load = LoadTracker()
         self._rings: dict[tuple[ReplicaId, ...], HashRing] = {}
         self._shapes: dict[str, PoolShape] = {}
 
     def rank(self, now: float, request: RouteRequest, view: FleetView) -> Ranking:
-        candidates = select_candidates(request, view, self._filters)
+        candidates = self._candidates(request, view)
         replicas = candidates.replicas
         if not replicas:
             return Ranking((), self.name, candidates.panic)
