@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import chain, islice
+from itertools import chain
 from random import Random
 from typing import Any, Final
 
@@ -605,10 +605,9 @@ class PoolController:
         refuse it)."""
         ranking = self.router.rank(now, req.request, self.view)
         self.counters.routed += 1
-        reachable = self._reachable
-        candidates = [
-            r for r in islice(chain.from_iterable(ranking.tiers), self._tries) if r in reachable
-        ]
+        tiers = ranking.tiers
+        order = tiers[0] if len(tiers) == 1 else tuple(chain.from_iterable(tiers))
+        candidates = list(filter(self._reachable.__contains__, order[: self._tries]))
         if not candidates:
             if not ranking.tiers and self.settings.hold_requests > 0 and self._coming():
                 self._hold(now, req, out)
@@ -617,7 +616,7 @@ class PoolController:
             self._finish(req, RejectReason.NO_REPLICA, out)
             return
         replica = candidates.pop(0)
-        matched = ranking.matched(replica)
+        matched = ranking.matched_blocks.get(replica, 0)
         self.counters.matched_blocks += matched
         held = req.phase == _HELD
         if held:

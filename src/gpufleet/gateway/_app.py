@@ -62,7 +62,7 @@ from gpufleet.gateway._resume import StreamResume, ask_for_token_ids, resumable
 from gpufleet.gateway._rollouts import RolloutShell
 from gpufleet.gateway._routes import ROUTES, ProxyRoute
 from gpufleet.gateway._server import MAX_BODY
-from gpufleet.gateway._spans import NO_SPANS, Spans
+from gpufleet.gateway._spans import Spans
 from gpufleet.gateway._tenancy import BATCH_LINE, OPEN_PATHS, Admitted, Tenancy, metered
 from gpufleet.gateway._tls import ReplicaTLS
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest, UpstreamResponse
@@ -365,13 +365,14 @@ class Gateway:
         send: Send,
         request_id: str,
         rid: Header,
-        trace: Spans = NO_SPANS,
+        trace: Spans | None = None,
     ) -> None:
         arrived = self._clock()
         body = await _read_body(receive, self._timeouts.request_body)
         payload = _parse(body, route)
         model = payload["model"]
-        trace.model(model)
+        if trace is not None:
+            trace.model(model)
         hashes = self.control.hashes(model)
         if hashes is None:
             raise ModelNotFoundError(f"The model `{model}` does not exist.")
@@ -428,9 +429,10 @@ class Gateway:
                 self.tenancy.finish(admitted, status)
             self.metrics.child(self.metrics.requests, model, str(status)).inc()
             self.metrics.child(self.metrics.e2e, model).observe(self._clock() - arrived)
-            trace.end(status, admitted)
+            if trace is not None:
+                trace.end(status, admitted)
 
-    async def _route(  # noqa: PLR0915 - the walk in one place; trace hooks are a line each
+    async def _route(  # noqa: PLR0912, PLR0915 - the walk in one place, with its trace hooks
         self,
         route: ProxyRoute,
         path: str,
@@ -444,7 +446,7 @@ class Gateway:
         arrived: float,
         admitted: Admitted | None = None,
         resume: StreamResume | None = None,
-        trace: Spans = NO_SPANS,
+        trace: Spans | None = None,
     ) -> int:
         """The request's walk as its pool controller decides it: admission, then an attempt
         on each replica it routes to, until one answers or it is refused; a stream that can
@@ -457,11 +459,13 @@ class Gateway:
         state = resume
         bodies = {model: body}  # the body each pool's engines get (_body_of)
         try:
-            trace.deciding()
+            if trace is not None:
+                trace.deciding()
             decision = await control.arrive(
                 request, priority, weight, deadline, resumable=state is not None
             )
-            trace.decided(decision)
+            if trace is not None:
+                trace.decided(decision)
             if isinstance(decision, Route):
                 self._routed(decision.model or model, decision, arrived, admitted)
             stream = route.streams and payload.get("stream") is True
@@ -478,7 +482,7 @@ class Gateway:
                     admitted.replica = replica
                 (in_flight := metrics.child(metrics.in_flight, replica)).inc()
                 outcome = Outcome.CANCELLED
-                sent = trace.attempt(decision, pool, url, headers)
+                sent = headers if trace is None else trace.attempt(decision, pool, url, headers)
                 try:
                     if decision.resume:
                         assert state is not None
@@ -501,13 +505,15 @@ class Gateway:
                             state=state,
                             broken=route.broken,
                         )
-                    trace.attempt_ended(outcome, status, broke=broke)
+                    if trace is not None:
+                        trace.attempt_ended(outcome, status, broke=broke)
                 except UpstreamError as failure:
                     outcome, last = failure.outcome, failure
                     decision = await self._retry(pool, request_id, failure, trace)
                     continue
                 finally:
-                    trace.attempt_ended(outcome)  # cancelled (the others ended it already)
+                    if trace is not None:  # cancelled (the others ended it already)
+                        trace.attempt_ended(outcome)
                     in_flight.dec()
                     metrics.child(metrics.attempts, replica, outcome.value).inc()
                     if replica not in control.upstreams:  # it left while this ran
@@ -527,14 +533,16 @@ class Gateway:
             raise
 
     async def _retry(
-        self, pool: str, request_id: str, failure: UpstreamError, trace: Spans
+        self, pool: str, request_id: str, failure: UpstreamError, trace: Spans | None
     ) -> Route | Reject:
         """An attempt failed before the first byte: the controller's next decision (a
         retry, a fallback's first attempt, or the Reject that ends the request)."""
-        trace.attempt_ended(failure.outcome, None, failure)
-        trace.deciding()
+        if trace is not None:
+            trace.attempt_ended(failure.outcome, None, failure)
+            trace.deciding()
         decision = await self.control.failed(pool, request_id, failure.outcome)
-        trace.decided(decision)
+        if trace is not None:
+            trace.decided(decision)
         return decision
 
     async def _after(  # noqa: PLR0917 - an attempt's end, as _route has it

@@ -202,7 +202,9 @@ class LiveControl:
             if pool.view is not self._shown.get(pool.model) or pool.autoscaler is not None:
                 self._show(pool.model, pool)
             # the other pools' wake-ups did not move, and the timer is at or before them
-            self._arm(now, pool.next_wakeup())
+            wake = pool.next_wakeup()
+            if wake is not None and wake < self._timer_at:
+                self._arm(now, wake)
         return commands
 
     def _carry_out(self, now: float, command: Command) -> None:  # noqa: PLR0912 - per command

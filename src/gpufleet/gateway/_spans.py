@@ -1,6 +1,6 @@
 """The hooks through which ``Gateway._route`` tells a request's trace what happens to it:
-no-ops here (tracing off: no OpenTelemetry import, a few empty calls per request), spans in
-``_tracing.RequestTrace``."""
+the interface here, spans in ``_tracing.RequestTrace``. Tracing off, a request has no
+``Spans`` (``None``) and the hooks are not called: no OpenTelemetry import, no calls."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class Spans:
-    """A request's trace hooks, in the order ``_route`` calls them; these do nothing."""
+    """A request's trace hooks, in the order ``_route`` calls them (these do nothing)."""
 
     __slots__ = ()
 
@@ -46,7 +46,3 @@ class Spans:
 
     def end(self, status: int, admitted: Admitted | None = None) -> None:
         """The request is answered with ``status`` (499: the client left)."""
-
-
-NO_SPANS = Spans()
-"""The hooks of a request that is not traced."""

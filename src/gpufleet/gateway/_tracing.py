@@ -8,9 +8,9 @@ One trace per request, its spans made from what the gateway already knows::
     ├── gpufleet.route                    after a failed attempt: the retry's decision
     └── gpufleet.attempt                  the retry (or a resumed stream's next part)
 
-Off (no ``gateway.tracing``), this module is not imported and the request's hooks are the
-empty ones of ``_spans.Spans``. The provider is the gateway's own, not the process's global one: two
-gateways in one process (tests) keep their spans apart.
+Off (no ``gateway.tracing``), this module is not imported and a request has no hooks
+(``_spans.Spans``: the interface). The provider is the gateway's own, not the process's
+global one: two gateways in one process (tests) keep their spans apart.
 """
 
 from __future__ import annotations
