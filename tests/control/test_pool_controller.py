@@ -7,6 +7,7 @@ import json
 
 from gpufleet.config import parse_fleet
 from gpufleet.control import (
+    Abandon,
     Arrived,
     AttemptFailed,
     ClientGone,
@@ -398,6 +399,76 @@ def test_resumes_round_trip_through_json_and_replay() -> None:
     head, recorded = read_recording(io.StringIO(out.getvalue()))
     for line, commands in replay(head, recorded):
         assert commands == line.commands
+
+
+def fail_checks(control: FleetController, now: float, replica: str) -> list[object]:
+    """Probe ``replica`` until health fails it (each due probe answered: a timeout)."""
+    out: list[object] = []
+    for k in range(10):
+        t = now + k
+        commands = list(control.handle(t, Tick()))
+        out += commands
+        for command in commands:
+            if isinstance(command, Probe) and command.replica == replica:
+                out += control.handle(t + 1.0, ProbeAnswered(POOL, replica, False))
+        view = control.pools[POOL].view.replica(ReplicaId(replica))
+        if view is not None and view.state is ReplicaState.FAILED:
+            return out
+    raise AssertionError(f"{replica} never failed its checks")
+
+
+def test_the_attempts_on_a_replica_that_fails_its_checks_are_abandoned_once() -> None:
+    """A hung replica answers no probe: once health fails it, one Abandon names every
+    attempt in flight there (not the others'); each, reported as a TIMEOUT, is retried on
+    another replica without the retry budget (or resumed, for a stream); and the replica's
+    next failure (after it recovers) abandons again."""
+    fleet = parse_fleet({"models": [{"name": POOL, "replicas": 2, "routing": "round_robin"}]})
+    control = FleetController.of(fleet)
+    recording = io.StringIO()
+    control.record(recording)
+    up(control, 0.0, 2)
+    sent = {c.request_id: c.replica for i in range(4) for c in routed_all(arrive(control, 1.0, i))}
+    sent["r4"] = arrive_resumable(control, 1.0, 4).replica
+    hung = sent["r0"]
+    on_hung = sorted(rid for rid, replica in sent.items() if replica == hung)
+    out = fail_checks(control, 2.0, hung)
+    (abandon,) = [c for c in out if isinstance(c, Abandon)]
+    assert (abandon.model, abandon.replica) == (POOL, hung)
+    assert sorted(abandon.request_ids) == on_hung
+    # the shell ends each attempt as a timeout: retried elsewhere, free (the replica is out)
+    now = 20.0
+    retries = []
+    for rid in abandon.request_ids:
+        streamed = rid == "r4"
+        commands = control.handle(now, AttemptFailed(POOL, rid, Outcome.TIMEOUT, streamed))
+        (route,) = [c for c in commands if isinstance(c, Route)]
+        assert route.replica != hung
+        assert route.resume == streamed
+        retries.append(route)
+    counters = control.pools[POOL].counters
+    assert counters.retries_refused == 0
+    assert counters.free_retries + counters.resumes == len(on_hung)
+    # still failing: no second Abandon for the same failure
+    assert not [c for c in fail_checks(control, 21.0, hung) if isinstance(c, Abandon)]
+    # the log carries it, and a replay decides it again
+    lines = [json.loads(line) for line in recording.getvalue().splitlines()[1:]]
+    logged = [c for line in lines for c in line["commands"] if c["do"] == "abandon"]
+    assert logged == [{"do": "abandon", "model": POOL, "replica": hung, "ids": on_hung}]
+    head, recorded = read_recording(io.StringIO(recording.getvalue()))
+    for line, commands in replay(head, recorded):
+        assert commands == line.commands
+
+
+def test_abandon_off_leaves_the_attempts_to_their_timeouts() -> None:
+    control = controller(2, health={"active": {"abandon": False}})
+    up(control, 0.0, 2)
+    (route,) = routed_all(arrive(control, 1.0, 0))
+    out = fail_checks(control, 2.0, route.replica)
+    assert not [c for c in out if isinstance(c, Abandon)]
+
+
+def routed_all(out: list[object]) -> list[Route]:
+    return [c for c in out if isinstance(c, Route)]
 
 
 def test_the_retry_budget_counts_admitted_requests() -> None:

@@ -207,6 +207,40 @@ def test_a_replica_answering_5xx_is_ejected_while_alive_and_its_requests_served_
     assert not [r for r in served_there if window[0] <= r.arrival_s < window[1]]
 
 
+def hang_fleet(abandon: bool) -> FleetConfig:
+    health = {"active": {"interval": 1.0, "timeout": 1.0, "unhealthy_threshold": 2}}
+    health["active"]["abandon"] = abandon
+    model = {"name": "llama-3.1-8b", "replicas": 3, "routing": "least_request", "health": health}
+    return parse_fleet({"models": [model]}, source="test")
+
+
+@pytest.mark.parametrize("abandon", [True, False])
+def test_a_hung_replica_fails_its_checks_and_its_attempts_are_abandoned(abandon: bool) -> None:
+    """A 40 s hang: probes time out, health fails the replica (2 checks, 1 s apart, 1 s
+    timeouts), and the controller abandons its attempts: unstarted ones retried, started
+    streams resumed, none waiting out the hang. With ``abandon`` off they wait the whole
+    hang (the gateway's timeouts are longer here), which is what the rule is for."""
+    sim = run(hang_fleet(abandon), "hang:replica=llama-3.1-8b-1,from=10,to=50", n=800)
+    report = sim.report({})
+    assert report["overall"]["failed"] == 0
+    rows = sim.harness.recorder.log
+    caught = [r for r in rows if r.arrival_s < 10.0 < r.finish_s and r.replica == 1]
+    counters = sim.control.pools["llama-3.1-8b"].counters
+    # requests that were on the replica when it stopped (or came before health failed it)
+    stuck = [r for r in rows if r.arrival_s <= 13.0 and r.finish_s >= 50.0]
+    if abandon:
+        assert not stuck, [(r.index, r.arrival_s, r.finish_s) for r in stuck]
+        assert counters.resumes + counters.free_retries > 0
+        assert not caught  # every one moved: none finished on the hung replica
+        # nothing was routed to it while it was failed, and it serves again after the hang
+        assert not [r for r in rows if r.replica == 1 and 14.0 < r.arrival_s < 50.0]
+        assert [r for r in rows if r.replica == 1 and r.arrival_s > 52.0]
+    else:
+        assert stuck  # they waited for the process to go on
+        assert counters.resumes == counters.free_retries == 0
+        assert min(r.finish_s for r in stuck) >= 50.0
+
+
 def test_a_blackout_freezes_the_replicas_scraped_load() -> None:
     config = fleet(2, "kv_aware")
     faults = (parse_fault("blackout:replica=llama-3.1-8b-1,from=5,to=15"),)

@@ -27,6 +27,7 @@ command), so a weighted split or a fallback is decided once, live and simulated 
 """
 
 from gpufleet.control._events import (
+    Abandon,
     Arrived,
     AttemptFailed,
     ClientGone,
@@ -103,6 +104,7 @@ __all__ = [
     "ANONYMOUS",
     "BATCH",
     "CLASSES",
+    "Abandon",
     "AnalysisConfig",
     "Arrived",
     "AttemptFailed",

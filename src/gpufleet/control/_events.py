@@ -19,6 +19,7 @@ controller, and its decisions compared line by line::
                    RolloutStep                             (a rollout's decision)
                    Sleep · Wake                           (residency: _residency_events.py)
                    KvResync                    (ask an engine's replay socket for a gap)
+                   Abandon          (end the attempts on a replica that failed its checks)
 
 A request's events name its *served* name (``Arrived``: what the client sent as ``model``)
 or its pool; the controller knows which pool a request is in (a variant, a fallback), and a
@@ -373,8 +374,31 @@ class KvResync:
     from_seq: int
 
 
+@dataclass(frozen=True, slots=True)
+class Abandon:
+    """``replica`` just failed its active health checks with attempts in flight: a process
+    that answers no probe (hung, its host gone) answers none of them either. End each of
+    ``request_ids``' attempts there now and report it as ``AttemptFailed(TIMEOUT)``
+    (``streamed`` when the client had its first byte), so it retries or resumes elsewhere
+    instead of waiting out its timeouts (``health.active.abandon``; docs/design/retries.md)."""
+
+    model: str
+    replica: ReplicaId
+    request_ids: tuple[str, ...]
+
+
 Command = (
-    Route | Reject | Fallback | Probe | Ejected | Scale | RolloutStep | Sleep | Wake | KvResync
+    Route
+    | Reject
+    | Fallback
+    | Probe
+    | Ejected
+    | Scale
+    | RolloutStep
+    | Sleep
+    | Wake
+    | KvResync
+    | Abandon
 )
 
 # -- JSON -------------------------------------------------------------------------------------
@@ -632,4 +656,6 @@ def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911, PLR09
             return wake_to_json(command)
         case KvResync(model=model, replica=replica, from_seq=from_seq):
             return {"do": "kv_resync", "model": model, "replica": replica, "from": from_seq}
+        case Abandon(model=model, replica=replica, request_ids=ids):
+            return {"do": "abandon", "model": model, "replica": replica, "ids": list(ids)}
     raise TypeError(f"not a command: {command!r}")

@@ -40,6 +40,7 @@ from random import Random
 from typing import Any, Final
 
 from gpufleet.control._events import (
+    Abandon,
     Arrived,
     AttemptFailed,
     ClientGone,
@@ -178,7 +179,7 @@ class PoolCounters:
 class PoolController:
     """One model pool's control loop. See the module docstring."""
 
-    def __init__(self, settings: PoolSettings) -> None:
+    def __init__(self, settings: PoolSettings) -> None:  # noqa: PLR0915 - a field a line
         self.settings = settings
         self.model = settings.model
         seed, i = settings.seed, settings.index
@@ -216,6 +217,8 @@ class PoolController:
         self._loads: dict[ReplicaId, ReplicaLoad] = {}
         self._views: dict[ReplicaId, ReplicaView] = {}
         self._restarted: set[ReplicaId] = set()
+        self._failing: frozenset[ReplicaId] = frozenset()
+        """Replicas the last health decision had failing their active checks."""
         self._requests: dict[str, _Request] = {}
         self._queued: dict[str, _Request] = {}
         self._held: dict[str, _Request] = {}
@@ -439,7 +442,26 @@ class PoolController:
         self._health_at = decision.next_at
         out.extend(Ejected(record) for record in decision.ejections)
         out.extend(Probe(self.model, replica) for replica in decision.probes)
+        self._abandon(decision, out)
         self._refresh(now, out)
+
+    def _abandon(self, decision: HealthDecision, out: list[Command]) -> None:
+        """The attempts in flight on each replica that has just failed its active checks:
+        an :class:`Abandon` for them (``health.active.abandon``). Once per failure: a
+        replica failing its checks takes no new attempt (but in panic)."""
+        failed = frozenset(r for r, s in decision.states.items() if s is ReplicaState.FAILED)
+        newly, self._failing = failed - self._failing, failed
+        if not newly or not self.attempts.keys() & newly:
+            return
+        if not self.settings.health.active.abandon:
+            return
+        for replica in (r for r in self._seen if r in newly and self.attempts.get(r)):
+            ids = tuple(
+                rid
+                for rid, req in self._requests.items()
+                if req.phase == _ROUTED and req.replica == replica
+            )
+            out.append(Abandon(self.model, replica, ids))
 
     def _refresh(self, now: float, out: list[Command]) -> None:
         """Rebuild the routing view (a replica's view object kept while it is unchanged:

@@ -490,6 +490,7 @@ class Gateway:
                             UpstreamRequest(url, path, _for_pool(state.body, pool, model), sent),
                             state,
                             send,
+                            request_id,
                             admitted=admitted,
                         )
                     else:
@@ -497,6 +498,7 @@ class Gateway:
                             UpstreamRequest(url, path, _body_of(bodies, pool), sent),
                             stream,
                             send,
+                            request_id,
                             rid=rid,
                             model=pool,
                             arrived=arrived,
@@ -598,6 +600,7 @@ class Gateway:
         request: UpstreamRequest,
         stream: bool,
         send: Send,
+        request_id: str,
         *,
         rid: Header,
         model: str,
@@ -614,13 +617,15 @@ class Gateway:
 
         ``relays``: the server takes the ``gpufleet.relay`` extension; a stream's rest then
         goes from the replica's socket to the client's without a task step per chunk.
-        ``broken``: the events that end a stream broken after its first byte (the route's)."""
+        ``broken``: the events that end a stream broken after its first byte (the route's).
+        An :class:`~gpufleet.control.Abandon` ends it as a timeout (``LiveControl.abandon``)."""
         assert self._client is not None
-        timeouts = self._timeouts
+        timeouts, control = self._timeouts, self.control
         sent = False
         tail = [b"\n\n"]  # the last bytes the client got (set by _pump as it sends)
         try:
             async with asyncio.timeout(timeouts.first_byte) as deadline:
+                control.attempting(request_id, deadline)
                 async with self._client.send(request) as response:
                     status = response.status
                     chunks = response.chunks
@@ -662,20 +667,36 @@ class Gateway:
                     if model in self.control.sampled:  # a rollout's analysis reads it
                         self._sample(model, arrived, ttft, admitted)
                     return status, outcome, False
-        except TimeoutError:
+        except (TimeoutError, LocalOriginError) as failure:
+            abandoned = control.attempted(request_id)
+            return await self._failed(failure, abandoned, sent, send, state, tail[0], broken)
+        finally:
+            control.attempted(request_id)
+
+    async def _failed(  # noqa: PLR0917 - an attempt's failure, as _attempt has it
+        self,
+        failure: TimeoutError | LocalOriginError,
+        abandoned: bool,
+        sent: bool,
+        send: Send,
+        state: StreamResume | None,
+        tail: bytes,
+        broken: Callable[[str], bytes],
+    ) -> tuple[int, Outcome, bool]:
+        """An attempt failed (timed out, ``abandoned``, or lost its connection): before the
+        client's first byte it is raised, for a retry; after it the stream breaks."""
+        if isinstance(failure, TimeoutError):
             if not sent:
-                raise LocalOriginError(
-                    "timed out waiting for the replica", Outcome.TIMEOUT
-                ) from None
-            message = "the replica stopped streaming (idle timeout)"
-            await self._broke(send, state, tail[0], message, broken)
-            return 502, Outcome.TIMEOUT, True
-        except LocalOriginError as failure:
+                why = _ABANDONED if abandoned else "timed out waiting for the replica"
+                raise LocalOriginError(why, Outcome.TIMEOUT) from None
+            outcome = Outcome.TIMEOUT
+            message = _ABANDONED if abandoned else "the replica stopped streaming (idle timeout)"
+        else:
             if not sent:
-                raise
-            message = f"the replica's stream broke: {failure}"
-            await self._broke(send, state, tail[0], message, broken)
-            return 502, failure.outcome, True
+                raise failure
+            outcome, message = failure.outcome, f"the replica's stream broke: {failure}"
+        await self._broke(send, state, tail, message, broken)
+        return 502, outcome, True
 
     def _sample(self, pool: str, arrived: float, ttft: float, admitted: Admitted | None) -> None:
         """A streamed answer on a pool a rollout watches: its TTFT, and its mean inter-token
@@ -692,6 +713,7 @@ class Gateway:
         request: UpstreamRequest,
         state: StreamResume,
         send: Send,
+        request_id: str,
         *,
         admitted: Admitted | None = None,
     ) -> tuple[int, Outcome, bool]:
@@ -699,12 +721,13 @@ class Gateway:
         spliced into the client's (``_resume.Splice``). Any failure is after the client's
         first byte: it breaks the stream (the caller asks the controller what next)."""
         assert self._client is not None
-        timeouts = self._timeouts
+        timeouts, control = self._timeouts, self.control
         splice = state.splice
         assert splice is not None
         tail = state.tail
         try:
             async with asyncio.timeout(timeouts.first_byte) as deadline:
+                control.attempting(request_id, deadline)
                 async with self._client.send(request) as response:
                     status = response.status
                     if status >= 400:
@@ -733,11 +756,14 @@ class Gateway:
                     await send({"type": "http.response.body", "body": b""})
                     return status, Outcome.SUCCESS, False
         except TimeoutError:
-            state.broke(tail, "the replica stopped streaming (idle timeout)")
+            why = "the replica stopped streaming (idle timeout)"
+            state.broke(tail, _ABANDONED if control.attempted(request_id) else why)
             return 502, Outcome.TIMEOUT, True
         except LocalOriginError as failure:
             state.broke(tail, f"the replica's stream broke: {failure}")
             return 502, failure.outcome, True
+        finally:
+            control.attempted(request_id)
 
     async def _end_answered(
         self, send: Send, state: StreamResume, admitted: Admitted | None
@@ -889,6 +915,9 @@ async def _read_body(receive: Receive, timeout: float) -> bytes:
                     return parts[0] if len(parts) == 1 else b"".join(parts)
     except TimeoutError:
         raise RequestTimeoutError(f"the request body did not arrive within {timeout:g} s") from None
+
+
+_ABANDONED: Final = "the replica failed its health checks (its attempt was abandoned)"
 
 
 class _DisconnectWatch:

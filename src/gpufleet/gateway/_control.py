@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import IO, Final
 
 from gpufleet.config import FleetConfig
 from gpufleet.control import (
+    Abandon,
     Arrived,
     AttemptFailed,
     ClientGone,
@@ -124,6 +125,12 @@ class LiveControl:
         self._client: ReplicaClient | None = None
         self._record: IO[str] | None = None
         self._flushed = 0.0
+        self.deadlines: dict[str, asyncio.Timeout] = {}
+        """The timeout of each request's attempt in flight (the app's), by request id: what
+        an :class:`Abandon` ends it with."""
+        self.abandoned: set[str] = set()
+        """Requests whose attempt an Abandon ended, or ends as it starts (decided before):
+        the app says why, and takes them out when the attempt ends."""
         self.on_rollout: Callable[[float, RolloutStep], None] | None = None
         """Where RolloutStep commands go (``_rollouts.RolloutShell``)."""
         self.sampled: frozenset[str] = frozenset()
@@ -237,6 +244,34 @@ class LiveControl:
                     tasks.create_task(shell.wake(client, command))
         elif isinstance(command, KvResync):
             self.kv_feeds.resync(command, self.upstreams.get(command.replica))
+        elif isinstance(command, Abandon):
+            self.metrics.child(self.metrics.abandoned, command.model).inc(len(command.request_ids))
+            self.abandon(command.request_ids)
+
+    def abandon(self, request_ids: Iterable[str]) -> None:
+        """End these requests' attempts now: each one's timeout falls due (the app reports a
+        ``TIMEOUT``, and the controller retries or resumes it); one not started yet is ended
+        as it starts (:meth:`abandoning`)."""
+        now = asyncio.get_running_loop().time()
+        for rid in request_ids:
+            self.abandoned.add(rid)
+            deadline = self.deadlines.get(rid)
+            if deadline is not None:
+                deadline.reschedule(now)
+
+    def attempting(self, rid: str, deadline: asyncio.Timeout) -> None:
+        """Request ``rid``'s attempt runs under ``deadline`` (until :meth:`attempted`)."""
+        self.deadlines[rid] = deadline
+        if rid in self.abandoned:  # abandoned between its Route and now
+            deadline.reschedule(asyncio.get_running_loop().time())
+
+    def attempted(self, rid: str) -> bool:
+        """Request ``rid``'s attempt ended; whether an Abandon ended it."""
+        self.deadlines.pop(rid, None)
+        if rid in self.abandoned:
+            self.abandoned.discard(rid)
+            return True
+        return False
 
     def _url_of(self, replica: ReplicaId) -> str | None:
         upstream = self.upstreams.get(replica)

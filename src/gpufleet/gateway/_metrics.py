@@ -91,6 +91,12 @@ class GatewayMetrics:
             "left, the name gone to and why (a reject reason of the pool left, or context).",
             ["model", "to", "reason"], registry=registry,
         )  # fmt: skip
+        self.abandoned = Counter(
+            p + "abandoned_attempts",
+            "Attempts ended because their replica failed its health checks (retried or "
+            "resumed elsewhere): health.active.abandon.",
+            ["model"], registry=registry,
+        )  # fmt: skip
         self.resumed_prompt_tokens = Counter(
             p + "resumed_prompt_tokens",
             "Prompt tokens sent again by resumed streams (the prompt plus what was sent).",

@@ -182,6 +182,11 @@ class ActiveCheckConfig(_HealthSettings):
     """Successes in a row that bring an unhealthy replica back (a new one needs one)."""
     unhealthy_threshold: int = Field(2, ge=1)
     """Failures in a row that make a healthy replica unhealthy."""
+    abandon: bool = True
+    """When a replica fails its checks, end the attempts in flight on it at once (retried,
+    or resumed, elsewhere) rather than leave them to their timeouts: a process that answers
+    no probe (hung, its host gone) answers none of them (Envoy's
+    ``close_connections_on_host_health_failure``; docs/design/retries.md)."""
 
 
 class HealthConfig(_HealthSettings):

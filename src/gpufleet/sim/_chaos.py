@@ -3,9 +3,9 @@ invariants that must hold whatever the schedule.
 
 ``chaos_run(seed)`` draws a small fleet (2–4 replicas, a routing policy, admission on or
 off, tight or loose health and retry settings), a tenant mix, a burst of requests and a
-schedule of crashes, slow replicas, metric blackouts and replicas that answer 5xx, all from
-``Random(seed)``; it runs the simulator (the real pool controller and policies) and checks,
-on the finished run:
+schedule of crashes, slow replicas, metric blackouts, replicas that answer 5xx and hung
+replicas, all from ``Random(seed)``; it runs the simulator (the real pool controller and
+policies) and checks, on the finished run:
 
 * **every request ends exactly once**, in a response or an error (``FleetSimulation.check``);
 * **none waits past its deadline**: the time before its first attempt is at most the
@@ -34,7 +34,14 @@ from gpufleet.control import Command, Ejected, FleetController, Replicas, Route
 from gpufleet.control import Event as ControlEvent
 from gpufleet.fleet import ReplicaId
 from gpufleet.sim._admission import SimTenant
-from gpufleet.sim._faults import BlackoutFault, CrashFault, ErrorFault, Fault, SlowFault
+from gpufleet.sim._faults import (
+    BlackoutFault,
+    CrashFault,
+    ErrorFault,
+    Fault,
+    HangFault,
+    SlowFault,
+)
 from gpufleet.sim._simulate import FleetSimulation, SimOptions
 from gpufleet.sim._traces import TraceRequest
 
@@ -182,6 +189,17 @@ def chaos_scenario(seed: int, *, requests: int = 200) -> ChaosScenario:
                     "replica": rng.choice(names),
                     "from": round(start, 3),
                     "to": round(start + rng.uniform(0.5, 20.0), 3),
+                }
+            )
+        )
+    for _ in range(rng.choice((0, 0, 1))):
+        start = rng.uniform(0.0, end)
+        faults.append(
+            HangFault.model_validate(
+                {
+                    "replica": rng.choice(names),
+                    "from": round(start, 3),
+                    "to": round(start + rng.uniform(0.5, 15.0), 3),
                 }
             )
         )

@@ -46,6 +46,7 @@ from typing import Final
 
 from gpufleet.catalog import get_gpu, get_model
 from gpufleet.control import (
+    Abandon,
     Arrived,
     AttemptFailed,
     Command,
@@ -205,11 +206,12 @@ class Dispatch:
 
 
 @dataclass(frozen=True, slots=True)
-class Settled:
-    """A modelled engine finished falling asleep or waking up: tell the controller."""
+class Later:
+    """What the modelled world tells the controller a while after it was asked (an engine
+    fell asleep or woke up, a probe timed out): tell it then."""
 
     target: SimControl
-    resident: Resident
+    event: ControlEvent
 
 
 @dataclass(slots=True)
@@ -251,6 +253,8 @@ class SimControl:
         self._on_refuse = on_refuse
         self.blackout: set[int] = set()
         """Replicas whose scrapes do not update (a metric blackout)."""
+        self.hung: set[int] = set()
+        """Replicas whose process is stopped: no probe or scrape is answered (a hang)."""
         self.erroring: set[int] = set()
         """Replicas that answer each new attempt with a 5xx (an ``errors`` fault)."""
         self.refused_attempts = 0
@@ -440,7 +444,7 @@ class SimControl:
             loads = []
             for k in self.replicas.members(model):
                 driver = drivers[k]
-                if driver.down or k in self.blackout:
+                if driver.down or k in self.blackout or k in self.hung:
                     continue
                 running, waiting, usage = driver.load()
                 replica = self.replicas.by_driver[k].id
@@ -497,20 +501,40 @@ class SimControl:
                     self._reside(now, command)
                 case KvResync():
                     events += self._resync(now, command)
+                case Abandon(replica=replica, request_ids=ids):
+                    events += self._abandon(now, replica, ids)
         return events
 
+    def _abandon(
+        self, now: float, replica: ReplicaId, ids: tuple[str, ...]
+    ) -> list[ScheduledEvent]:
+        """The controller abandons these requests' attempts on ``replica`` (it failed its
+        checks): they leave its modelled engine as a cut connection does, and each reports
+        ``AttemptFailed(TIMEOUT)``, as the gateway's timeout does (retried, or resumed)."""
+        entry = self.replicas.by_id.get(replica)
+        harness = self._harness
+        if entry is None or entry.driver is None or harness is None:
+            return []
+        lost = harness.drivers[entry.driver].abandon(now, {int(rid) for rid in ids})
+        return harness.lose(now, entry.driver, lost, Outcome.TIMEOUT)
+
     def _probe(self, now: float, model: str, replica: ReplicaId) -> list[ScheduledEvent]:
-        """Answered at once: ok unless the replica is down."""
+        """Answered at once: ok unless the replica is down; a hung one's probe fails when
+        its timeout (``health.active.timeout``) runs out, as the gateway's does."""
         entry = self.replicas.by_id.get(replica)
         ok = entry is not None and entry.state is ReplicaState.READY
         if ok and entry is not None and entry.driver is not None:
+            if entry.driver in self.hung:
+                timeout = self.control.pools[model].settings.health.active.timeout
+                self._settle(now + timeout, ProbeAnswered(model, replica, False))
+                return []
             harness = self._harness
             ok = harness is None or not harness.drivers[entry.driver].down
         return self._carry_out(now, self.control.handle(now, ProbeAnswered(model, replica, ok)))
 
     def _reside(self, now: float, command: Sleep | WakeCommand) -> None:
         """The modelled engine falls asleep (its prefix cache dropped) or wakes up; the
-        controller hears of it when that is done (:class:`Settled`)."""
+        controller hears of it when that is done (:class:`Later`)."""
         model, replica = command.model, command.replica
         if isinstance(command, Sleep):
             self._levels[replica] = command.level
@@ -539,11 +563,12 @@ class SimControl:
             )
         return times
 
-    def _settle(self, at: float, resident: Resident) -> None:
+    def _settle(self, at: float, event: ControlEvent) -> None:
+        """Tell the controller ``event`` at ``at``."""
         harness = self._harness
         if harness is not None:
             harness.kernel.schedule(
-                max(at, harness.kernel.shared_floor()), URGENT, Settled(self, resident)
+                max(at, harness.kernel.shared_floor()), URGENT, Later(self, event)
             )
 
     def _resync(self, now: float, command: KvResync) -> list[ScheduledEvent]:
@@ -571,8 +596,8 @@ class SimControl:
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
         if isinstance(event, Dispatch):
             return self._carry_out(now, list(event.commands))
-        if isinstance(event, Settled):
-            return self._tell(now, event.resident)
+        if isinstance(event, Later):
+            return self._tell(now, event.event)
         assert isinstance(event, Wake), event
         harness = self._harness
         if self._wake_at is None or now < self._wake_at or harness is None or not harness.active:
@@ -701,11 +726,17 @@ class SimControl:
             kernel = harness.kernel
             kernel.schedule(kernel.shared_floor(), URGENT, Dispatch(self, commands))
 
-    def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
+    def on_lost(
+        self,
+        now: float,
+        index: int,
+        replica: int,
+        started: bool,
+        outcome: Outcome = Outcome.CONNECT_FAILURE,
+    ) -> list[ScheduledEvent]:
         """Request ``index`` was lost in a crash of ``replica`` (a shared event): as live,
         its connection was reset (``CONNECT_FAILURE``: a gone replica, retried without the
-        retry budget when it had no token yet)."""
+        retry budget when it had no token yet); or its attempt was abandoned there
+        (``TIMEOUT``, as the gateway reports one)."""
         model = self.replicas.by_driver[replica].model
-        return self._tell(
-            now, AttemptFailed(model, str(index), Outcome.CONNECT_FAILURE, streamed=started)
-        )
+        return self._tell(now, AttemptFailed(model, str(index), outcome, streamed=started))

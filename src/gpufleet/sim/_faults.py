@@ -7,6 +7,7 @@ A scenario is a list of faults, written in a ``faults:`` YAML file or as ``--fau
       - slow: {replica: llama-3.1-8b-0, factor: 3, from: 100, to: 400}
       - blackout: {replica: llama-3.1-8b-1, from: 200, to: 260}
       - errors: {replica: llama-3.1-8b-2, from: 50, to: 120}   # answers 5xx, /health fine
+      - hang: {replica: llama-3.1-8b-1, from: 400, to: 430}    # stops: answers nothing
       - mtbf: {hours: 2.0, startup_s: 120}   # every replica: exponential time to failure
 
 Faults live in the simulated replicas and network; the control logic (routers, health
@@ -21,6 +22,10 @@ observes: failed attempts, probes, scrapes that stop moving::
     Errors on / off ─► each new attempt sent there fails at once with a 5xx (REPLICA_ERROR,
               before any byte: retried by the budget's rule); probes still pass, so only
               outlier detection (consecutive 5xx) takes it out: a gray failure
+    Hang on / off ─► the process stops (SIGSTOP, a wedged GPU): its step in flight stalls,
+              probes and scrapes get no answer; health fails it, and the controller
+              abandons its attempts (retried, or resumed, elsewhere: ``control.Abandon``);
+              at the end it steps on from where it stopped, and checks bring it back
 
 A replica with ``tp`` GPUs fails ``tp`` times as often as one GPU: ``mtbf.hours`` is per
 GPU (6–12 months, 4,400–8,800 h, for data-centre GPUs; scale it down for short runs).
@@ -96,6 +101,22 @@ class BlackoutFault(_Fault):
         return self
 
 
+class HangFault(_Fault):
+    """``replica``'s process stops from ``from`` to ``to``: nothing it runs moves, nothing
+    sent to it (requests, probes, scrapes) is answered until then."""
+
+    kind: Literal["hang"] = "hang"
+    replica: str
+    start: float = Field(alias="from", ge=0.0)
+    end: float = Field(math.inf, alias="to")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HangFault:
+        if not self.end > self.start:
+            raise ValueError(f"'to' ({self.end}) must be after 'from' ({self.start})")
+        return self
+
+
 class ErrorFault(_Fault):
     """``replica`` answers every new request with a 5xx from ``from`` to ``to`` while its
     process lives and its ``/health`` passes (the sim engine's ``--fault-error-status``).
@@ -122,10 +143,11 @@ class MtbfFault(_Fault):
 
 
 Fault = Annotated[
-    CrashFault | SlowFault | BlackoutFault | ErrorFault | MtbfFault, Field(discriminator="kind")
+    CrashFault | SlowFault | BlackoutFault | ErrorFault | HangFault | MtbfFault,
+    Field(discriminator="kind"),
 ]
 _ADAPTER: Final[TypeAdapter[Fault]] = TypeAdapter(Fault)
-FAULT_KINDS: Final = ("blackout", "crash", "errors", "mtbf", "slow")
+FAULT_KINDS: Final = ("blackout", "crash", "errors", "hang", "mtbf", "slow")
 
 
 def parse_fault(data: Mapping[str, Any] | str) -> Fault:
@@ -226,6 +248,13 @@ class Errors:
     on: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Hang:
+    target: FaultInjector
+    replica: int
+    on: bool
+
+
 class FaultInjector:
     """Plays a scenario's faults into one harness and its :class:`~gpufleet.sim.SimControl`.
 
@@ -288,6 +317,8 @@ class FaultInjector:
                 on, off = Blackout(self, replica, True), Blackout(self, replica, False)
             case ErrorFault():
                 on, off = Errors(self, replica, True), Errors(self, replica, False)
+            case HangFault():
+                on, off = Hang(self, replica, True), Hang(self, replica, False)
             case _:
                 raise AssertionError(fault)
         events = [self._at(fault.start, on)]
@@ -312,6 +343,17 @@ class FaultInjector:
         at = now + self._rng.expovariate(1.0 / mean_s)
         return ScheduledEvent(at, FAULT_PRIORITY, Crash(self, replica, mtbf.startup_s, True))
 
+    def _hang(self, now: float, replica: int, on: bool) -> list[ScheduledEvent]:
+        """Replica ``replica``'s process stops (``on``) or goes on."""
+        driver, hung = self._harness.drivers[replica], self._routing.hung
+        if not on:
+            hung.discard(replica)
+            return driver.wake(now)
+        if not driver.down:
+            driver.hang(now)
+            hung.add(replica)
+        return []
+
     def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
         harness, routing = self._harness, self._routing
         match event:
@@ -321,6 +363,7 @@ class FaultInjector:
                 if driver.down or gone or (event.mtbf and not harness.active):
                     return []
                 self.crashes += 1
+                routing.hung.discard(replica)  # a hung process can be killed: the next is not
                 lost = driver.crash(now, self._fresh(replica))
                 out = harness.lose(now, replica, lost)  # failures reach health first
                 routing.replica_down(now, replica)
@@ -332,14 +375,16 @@ class FaultInjector:
                 if self._mtbf is not None and harness.active:
                     return [self._next_failure(now, replica)]
                 return []
+            case Hang(replica=replica, on=on):
+                return self._hang(now, replica, on)
             case Slow(replica=replica, factor=factor):
                 harness.drivers[replica].model.set_slowdown(factor)
-                return []
             case Blackout(replica=replica, on=on) | Errors(replica=replica, on=on):
                 affected = routing.blackout if isinstance(event, Blackout) else routing.erroring
                 if on:
                     affected.add(replica)
                 else:
                     affected.discard(replica)
-                return []
-        raise AssertionError(event)
+            case _:
+                raise AssertionError(event)
+        return []

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpufleet.engine.model import NewRequest, ReplicaModel
+from gpufleet.fleet import Outcome
 from gpufleet.sim._kernel import URGENT, Event, Kernel, ScheduledEvent
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import Recorder, RequestRecord
@@ -65,11 +66,19 @@ class Routing(Protocol):
 
     def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None: ...
 
-    def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
-        """Request ``index`` was lost in a crash of ``replica``: retry it
-        (:meth:`FleetHarness.submit_retry`), resume its stream (``started``: the client had
-        its first token; :meth:`FleetHarness.submit_resume`) or let it end in an error (do
-        nothing, or :meth:`FleetHarness.fail_lost`).
+    def on_lost(
+        self,
+        now: float,
+        index: int,
+        replica: int,
+        started: bool,
+        outcome: Outcome = Outcome.CONNECT_FAILURE,
+    ) -> list[ScheduledEvent]:
+        """Request ``index`` was lost in a crash of ``replica`` (or its attempt abandoned
+        there: ``outcome`` ``TIMEOUT``): retry it (:meth:`FleetHarness.submit_retry`), resume
+        its stream (``started``: the client had its first token;
+        :meth:`FleetHarness.submit_resume`) or let it end in an error (do nothing, or
+        :meth:`FleetHarness.fail_lost`).
         """
         ...
 
@@ -105,7 +114,14 @@ class ChooserRouting:
     def on_end(self, now: float, index: int, replica: int, rejected: bool) -> None:
         return None
 
-    def on_lost(self, now: float, index: int, replica: int, started: bool) -> list[ScheduledEvent]:
+    def on_lost(
+        self,
+        now: float,
+        index: int,
+        replica: int,
+        started: bool,
+        outcome: Outcome = Outcome.CONNECT_FAILURE,
+    ) -> list[ScheduledEvent]:
         return []
 
 
@@ -356,16 +372,23 @@ class FleetHarness:
         replica, state = self._lost.pop(index)
         self._fail(now, index, replica, state.arrival, state.first_token, 0)
 
-    def lose(self, now: float, replica: int, lost: Sequence[Lost]) -> list[ScheduledEvent]:
-        """Requests lost in a crash of ``replica``: each retried elsewhere, or an error.
+    def lose(
+        self,
+        now: float,
+        replica: int,
+        lost: Sequence[Lost],
+        outcome: Outcome = Outcome.CONNECT_FAILURE,
+    ) -> list[ScheduledEvent]:
+        """Requests lost in a crash of ``replica`` (or abandoned there: ``outcome``): each
+        retried elsewhere, or an error.
 
-        Call it from a shared event (a fault) at ``now``.
+        Call it from a shared event (a fault, a controller command) at ``now``.
         """
         events: list[ScheduledEvent] = []
         for state in lost:
             self._lost[state.index] = (replica, state)
             started = state.first_token is not None
-            events += self.routing.on_lost(now, state.index, replica, started)
+            events += self.routing.on_lost(now, state.index, replica, started, outcome)
             if state.index in self._lost:  # neither retried nor failed: an error
                 self.fail_lost(now, state.index)
         return events

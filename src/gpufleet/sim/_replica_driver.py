@@ -44,7 +44,7 @@ run that follows ends at the same instant, which then reuses it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import reduce
 from itertools import accumulate, islice
@@ -156,6 +156,7 @@ class ReplicaDriver:
         "_down_since",
         "_epoch",
         "_horizon",
+        "_hung_at",
         "_itl",
         "_kernel",
         "_live",
@@ -164,6 +165,7 @@ class ReplicaDriver:
         "_recorder",
         "_run_at",
         "_run_from",
+        "_stalled",
         "_steps",
         "crashes",
         "downtime_s",
@@ -217,6 +219,9 @@ class ReplicaDriver:
         self._busy_s = 0.0
         self._epoch = 0
         self._down_since: float | None = None
+        self._hung_at: float | None = None
+        """The process stopped here (a hang): its step events wait in ``_stalled``."""
+        self._stalled: list[tuple[float, StepStart | StepEnd]] = []
         self.crashes = 0
         self.downtime_s = 0.0
         """Virtual seconds between crashes and the restarts that followed (so far)."""
@@ -244,21 +249,9 @@ class ReplicaDriver:
         self.retired_preemptions += stats.num_preemptions
         self.retired_prefix_queries += stats.prefix_cache_queries
         self.retired_prefix_hits += stats.prefix_cache_hits
-        lost = []
-        for rid, s in self._live.items():
-            progress = self._model.progress(rid)
-            lost.append(
-                Lost(
-                    s.index,
-                    s.arrival,
-                    s.first,
-                    s.input_tokens,
-                    s.last if s.first is not None else None,
-                    () if progress is None else progress.output_token_ids,
-                    None if progress is None else progress.next_position,
-                )
-            )
+        lost = [self._lost(rid, s) for rid, s in self._live.items()]
         self._live.clear()
+        self._hung_at, self._stalled = None, []  # a hung process can be killed
         self._model = fresh
         self._epoch += 1
         self._busy = False
@@ -266,6 +259,59 @@ class ReplicaDriver:
         self._down_since = now
         self.crashes += 1
         return lost
+
+    @property
+    def hung(self) -> bool:
+        """Stopped (:meth:`hang`) and not yet woken: it answers nothing, steps nothing."""
+        return self._hung_at is not None
+
+    def hang(self, now: float) -> None:
+        """The process stops at ``now`` (SIGSTOP, a wedged GPU): the step in flight ends
+        only after :meth:`wake`, as late as the hang was long; nothing new starts."""
+        if self.down or self._hung_at is not None:
+            return
+        self.catch_up()  # a deferred run becomes the step in flight, stalled below
+        self._hung_at = now
+
+    def wake(self, now: float) -> list[ScheduledEvent]:
+        """The process goes on at ``now``: a stalled step ends its remaining time later; an
+        idle replica given work meanwhile starts stepping now."""
+        hung_at, self._hung_at = self._hung_at, None
+        if hung_at is None:
+            return []
+        stalled, self._stalled = self._stalled, []
+        return [
+            ScheduledEvent(
+                now + (t - hung_at) if isinstance(e, StepEnd) else now, STEP_PRIORITY, e, local=True
+            )
+            for t, e in stalled
+        ]
+
+    def abandon(self, now: float, indices: Collection[int]) -> list[Lost]:
+        """Requests ``indices`` leave the replica at ``now`` as a cut connection leaves an
+        engine (the gateway abandoned their attempts: ``control.Abandon``); the replica goes
+        on with the rest. Returns them as :meth:`crash` does, in the order submitted."""
+        if self.down:
+            return []
+        self.catch_up()
+        gone = [(rid, s) for rid, s in self._live.items() if s.index in indices]
+        lost = [self._lost(rid, s) for rid, s in gone]
+        for rid, _ in gone:
+            self._model.abort(rid, now)
+            del self._live[rid]
+        return lost
+
+    def _lost(self, rid: str, s: _Live) -> Lost:
+        progress = self._model.progress(rid)
+        return Lost(
+            s.index,
+            s.arrival,
+            s.first,
+            s.input_tokens,
+            s.last if s.first is not None else None,
+            () if progress is None else progress.output_token_ids,
+            None if progress is None else progress.next_position,
+        )
 
     def restart(self, now: float) -> None:
         """The restarted process is up (provisioned, model loaded) at ``now``."""
@@ -373,6 +419,9 @@ class ReplicaDriver:
         assert isinstance(event, StepStart | StepEnd | RunEnd), event
         if event.epoch != self._epoch:
             return []  # a step of the incarnation before a crash
+        if self._hung_at is not None and not isinstance(event, RunEnd):
+            self._stalled.append((now, event))  # a stopped process: on at :meth:`wake`
+            return []
         if isinstance(event, StepEnd):
             self._finish(now, event.plan)
             return self._advance(now)
