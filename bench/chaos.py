@@ -5,7 +5,7 @@
     # table + bench/results/chaos.json; exit 1 if any invariant broke
 
 Each seed draws a fleet, tenants, requests and a schedule of crashes, slow replicas, metric
-blackouts and 5xx-answering replicas (``gpufleet.sim.chaos_scenario``), runs it through the
+blackouts, 5xx-answering and hung replicas (``gpufleet.sim.chaos_scenario``), runs it through the
 real pool controller and checks the invariants of ``gpufleet.sim.chaos_run``: every request
 ends exactly once, none waits past its deadline, no replica is routed to while ejected, no
 tenant ledger count is off, no in-flight count leaks, every failure has a named cause.

@@ -384,7 +384,8 @@ class Gateway:
         status = 500
         # watched from before admission: a client that leaves while queued gives its
         # place and quota lease back at once (the controller and the lease undo on cancel)
-        watch = _DisconnectWatch(receive)
+        watch = _DisconnectWatch(receive, send)
+        send = watch.send
         try:
             if self.tenancy is not None:
                 admitted, body = await self.tenancy.admit(
@@ -926,13 +927,18 @@ class _DisconnectWatch:
     A request that ends within ``WATCH_AFTER`` seconds (most non-streaming ones, and every
     error) costs one timer; only a longer one gets a task blocked in ``receive()``, which
     returns ``http.disconnect`` at once if the client already left meanwhile.
+
+    ``receive()`` also says ``http.disconnect`` as soon as the response is complete, while
+    the request may still be closing its replica's response: the watch ends with the last
+    body message (:meth:`send`), so a whole answer is never taken for a client gone.
     """
 
     WATCH_AFTER: Final = 0.05
-    __slots__ = ("_fired", "_owner", "_receive", "_task", "_timer")
+    __slots__ = ("_fired", "_owner", "_receive", "_send", "_task", "_timer")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, send: Send) -> None:
         self._receive = receive
+        self._send = send
         self._owner = asyncio.current_task()
         self._task: asyncio.Task[None] | None = None
         self._fired = False
@@ -951,14 +957,23 @@ class _DisconnectWatch:
             self._fired = True
             self._owner.cancel()
 
-    def stop(self) -> bool:
-        """Stop watching; whether the client left (the owner's ``cancel`` is then undone)."""
+    async def send(self, message: Message) -> None:
+        """The request's ``send``: its last body message ends the watch first."""
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self._quiet()
+        await self._send(message)
+
+    def _quiet(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self._task is not None:
             self._task.cancel()
             self._task = None
+
+    def stop(self) -> bool:
+        """Stop watching; whether the client left (the owner's ``cancel`` is then undone)."""
+        self._quiet()
         fired, self._fired = self._fired, False
         if fired and self._owner is not None:
             self._owner.uncancel()

@@ -251,7 +251,7 @@ class LiveControl:
     def abandon(self, request_ids: Iterable[str]) -> None:
         """End these requests' attempts now: each one's timeout falls due (the app reports a
         ``TIMEOUT``, and the controller retries or resumes it); one not started yet is ended
-        as it starts (:meth:`abandoning`)."""
+        as it starts (:meth:`attempting`)."""
         now = asyncio.get_running_loop().time()
         for rid in request_ids:
             self.abandoned.add(rid)
@@ -432,6 +432,7 @@ class LiveControl:
         self.handle(Finished(model, rid, outcome, work), request=True)
 
     def gone(self, model: str, rid: str) -> None:
+        self.abandoned.discard(rid)  # abandoned before its attempt began, which never will
         self.handle(ClientGone(model, rid), request=True)
 
     def hashes(self, name: str) -> bool | None:

@@ -662,6 +662,12 @@ class SimControl:
         entry = self.replicas.by_id[replica]
         k = entry.driver
         assert k is not None, replica
+        if harness.drivers[k].down:  # it died this instant, before the runtime said so
+            pending = self._pending.pop(index, None)
+            if pending is not None:
+                self.waits[index] = now - pending.request.arrival_s
+                return harness.refused(now, index, k, pending.request, pending.prompt)
+            return harness.refused(now, index, k)
         if resume:
             return harness.submit_resume(now, index, k)
         if k in self.erroring:  # a 5xx before any byte: the request stays where it was

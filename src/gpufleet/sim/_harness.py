@@ -363,6 +363,25 @@ class FleetHarness:
         resume = Resume(first, last, len(sent), len(prompt))
         return self.drivers[replica].submit(now, index, request, state.arrival, resume)
 
+    def refused(
+        self,
+        now: float,
+        index: int,
+        replica: int,
+        request: TraceRequest | None = None,
+        prompt: tuple[int, ...] = (),
+    ) -> list[ScheduledEvent]:
+        """Driver ``replica`` is down (it crashed this instant; the controller has not heard
+        yet) and request ``index`` was sent there: refused, as a connection to a dead process
+        is, and lost again (retried, resumed or failed by ``on_lost``). ``request`` and
+        ``prompt``: its first attempt's; else it was lost before and is in ``_lost``."""
+        if request is not None:
+            self._requests[index] = (prompt, request.output_tokens)
+            state = Lost(index, request.arrival_s, None, len(prompt))
+        else:
+            _, state = self._lost.pop(index)
+        return self.lose(now, replica, [state])
+
     def refuse(self, now: float, index: int, request: TraceRequest, input_tokens: int) -> None:
         """A gate refuses request ``index`` (shed, or its deadline passed): an error row."""
         self._fail(now, index, None, request.arrival_s, None, input_tokens)
