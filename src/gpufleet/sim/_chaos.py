@@ -171,39 +171,18 @@ def chaos_scenario(seed: int, *, requests: int = 200) -> ChaosScenario:
                 }
             )
         )
-    for _ in range(rng.choice((0, 1))):
-        start = rng.uniform(0.0, end)
-        faults.append(
-            BlackoutFault.model_validate(
-                {
-                    "replica": rng.choice(names),
-                    "from": round(start, 3),
-                    "to": round(start + rng.uniform(0.5, 10.0), 3),
-                }
-            )
-        )
-    for _ in range(rng.choice((0, 1, 1, 2))):
-        start = rng.uniform(0.0, end)
-        faults.append(
-            ErrorFault.model_validate(
-                {
-                    "replica": rng.choice(names),
-                    "from": round(start, 3),
-                    "to": round(start + rng.uniform(0.5, 20.0), 3),
-                }
-            )
-        )
-    for _ in range(rng.choice((0, 0, 1))):
-        start = rng.uniform(0.0, end)
-        faults.append(
-            HangFault.model_validate(
-                {
-                    "replica": rng.choice(names),
-                    "from": round(start, 3),
-                    "to": round(start + rng.uniform(0.5, 15.0), 3),
-                }
-            )
-        )
+    windows: tuple[tuple[type[Fault], tuple[int, ...], float], ...] = (
+        (BlackoutFault, (0, 1), 10.0),
+        (ErrorFault, (0, 1, 1, 2), 20.0),
+        (HangFault, (0, 0, 1), 15.0),
+    )  # (kind, how many of it to draw from, its longest window in s)
+    for kind, counts, longest in windows:
+        for _ in range(rng.choice(counts)):
+            start = rng.uniform(0.0, end)
+            replica = rng.choice(names)
+            length = rng.uniform(0.5, longest)
+            window = {"replica": replica, "from": round(start, 3), "to": round(start + length, 3)}
+            faults.append(kind.model_validate(window))
     return ChaosScenario(seed, fleet, tuple(faults), tenants, tuple(trace))
 
 
