@@ -419,9 +419,9 @@ def fail_checks(control: FleetController, now: float, replica: str) -> list[obje
 
 def test_the_attempts_on_a_replica_that_fails_its_checks_are_abandoned_once() -> None:
     """A hung replica answers no probe: once health fails it, one Abandon names every
-    attempt in flight there (not the others'); each, reported as a TIMEOUT, is retried on
-    another replica without the retry budget (or resumed, for a stream); and the replica's
-    next failure (after it recovers) abandons again."""
+    attempt in flight there (not the others'), once while it stays failed; each, reported
+    as a TIMEOUT, is retried on another replica without the retry budget (or resumed, for a
+    stream); the recording carries the Abandon, and a replay decides it again."""
     fleet = parse_fleet({"models": [{"name": POOL, "replicas": 2, "routing": "round_robin"}]})
     control = FleetController.of(fleet)
     recording = io.StringIO()
@@ -437,14 +437,12 @@ def test_the_attempts_on_a_replica_that_fails_its_checks_are_abandoned_once() ->
     assert sorted(abandon.request_ids) == on_hung
     # the shell ends each attempt as a timeout: retried elsewhere, free (the replica is out)
     now = 20.0
-    retries = []
     for rid in abandon.request_ids:
         streamed = rid == "r4"
         commands = control.handle(now, AttemptFailed(POOL, rid, Outcome.TIMEOUT, streamed))
         (route,) = [c for c in commands if isinstance(c, Route)]
         assert route.replica != hung
         assert route.resume == streamed
-        retries.append(route)
     counters = control.pools[POOL].counters
     assert counters.retries_refused == 0
     assert counters.free_retries + counters.resumes == len(on_hung)

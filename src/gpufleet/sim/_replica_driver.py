@@ -260,11 +260,6 @@ class ReplicaDriver:
         self.crashes += 1
         return lost
 
-    @property
-    def hung(self) -> bool:
-        """Stopped (:meth:`hang`) and not yet woken: it answers nothing, steps nothing."""
-        return self._hung_at is not None
-
     def hang(self, now: float) -> None:
         """The process stops at ``now`` (SIGSTOP, a wedged GPU): the step in flight ends
         only after :meth:`wake`, as late as the hang was long; nothing new starts."""
