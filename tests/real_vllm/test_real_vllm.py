@@ -282,9 +282,9 @@ def _cut_by_a_kill(
     fleet: RunningFleet, client: openai.OpenAI, prompt: str, victim: str
 ) -> tuple[list[int], Any, int]:
     """Stream ``prompt`` and SIGKILL ``victim`` once ``CUT_AFTER`` ids came: the stream's
-    ids and usage, and the ids the client had at the kill. The whole process group goes
-    (the runtime starts each replica as one): killing only its first process can leave
-    the process that holds the connection serving the stream to its end."""
+    ids and usage, and the ids the client had at the kill. The whole process group goes,
+    as in a crash of the replica (the runtime starts each replica as one group: vLLM's API
+    server and its engine core)."""
     pid = _pid_of(fleet, victim)
     got: list[int] = []
     with ThreadPoolExecutor(1) as pool:
