@@ -18,6 +18,10 @@ from tests.gateway.conftest import (
 )
 
 
+REPLICAS = {f"{MODEL}-0", f"{MODEL}-1"}
+"""The replicas' names (``serve_gateway`` names them after the model)."""
+
+
 @pytest.fixture(scope="module", params=["own", "uvicorn"])
 def gateway(request: pytest.FixtureRequest) -> Iterator[Running]:
     """The gateway under its own server (as ``gpufleet up`` serves it) and under uvicorn:
@@ -53,6 +57,7 @@ def test_chat_completion(client: openai.OpenAI) -> None:
         extra_headers={"x-request-id": "req-42"},
     )
     assert raw.headers["x-request-id"] == "req-42"
+    assert raw.headers["x-gpufleet-replica"] in REPLICAS  # which one answered
     reply = raw.parse()
     assert reply.id.endswith("req-42")  # the replica saw the same id
     assert reply.choices[0].message.content
@@ -61,13 +66,15 @@ def test_chat_completion(client: openai.OpenAI) -> None:
 
 
 def test_chat_completion_streams(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Count"}],
         max_tokens=8,
         stream=True,
         extra_body={"ignore_eos": True},
     )
+    assert raw.headers["x-gpufleet-replica"] in REPLICAS  # named before the first chunk
+    stream = raw.parse()
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert len(text.split()) == 8
 

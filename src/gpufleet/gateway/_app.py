@@ -10,7 +10,8 @@ Routes: the model routes of ``_routes.ROUTES`` (``POST /v1/chat/completions``,
 rerank and score; proxied, SSE passed through chunk by chunk), ``GET /v1/models``,
 ``GET /health``, ``GET /ready``, ``GET /metrics``, and with a store the Batch API's
 ``/v1/files`` and ``/v1/batches`` (``_batches_api``). Every response carries
-``x-request-id`` (the client's, or a new one). Errors are mapped once, in
+``x-request-id`` (the client's, or a new one), and a replica's answer ``x-gpufleet-replica``
+(the replica that sent its first byte). Errors are mapped once, in
 :meth:`Gateway._answer_error` (the tree is in ``_errors``).
 
 The batch runner (``_batch_runner``) sends each batch line through this app in-process
@@ -77,6 +78,9 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Header = tuple[bytes, bytes]
+SERVED_BY = b"x-gpufleet-replica"
+"""The response header naming the replica that sent its first byte (as LiteLLM names the
+deployment that answered): which engine's log to read, and which one a test cuts."""
 
 _JSON: Final = (b"content-type", b"application/json")
 
@@ -501,6 +505,7 @@ class Gateway:
                             send,
                             request_id,
                             rid=rid,
+                            served=(SERVED_BY, replica.encode()),
                             model=pool,
                             arrived=arrived,
                             admitted=admitted,
@@ -604,6 +609,7 @@ class Gateway:
         request_id: str,
         *,
         rid: Header,
+        served: Header,
         model: str,
         arrived: float,
         admitted: Admitted | None = None,
@@ -616,6 +622,7 @@ class Gateway:
         may retry); one after it ends the stream with an error event, or, for a resumable
         stream (``state``), is left to the caller with what the client got noted there.
 
+        ``served``: the ``x-gpufleet-replica`` header of this attempt's replica.
         ``relays``: the server takes the ``gpufleet.relay`` extension; a stream's rest then
         goes from the replica's socket to the client's without a task step per chunk.
         ``broken``: the events that end a stream broken after its first byte (the route's).
@@ -635,7 +642,7 @@ class Gateway:
                     outcome = Outcome.SUCCESS if status < 400 else Outcome.CLIENT_ERROR
                     if not stream or status >= 400:
                         await self._answer_whole(
-                            response, send, rid, model, arrived, admitted=admitted
+                            response, send, (rid, served), model, arrived, admitted=admitted
                         )
                         return status, outcome, False
                     if admitted is not None:  # usage read on the way, ledgered before the end
@@ -644,8 +651,8 @@ class Gateway:
                     self.metrics.child(self.metrics.ttft, model).observe(
                         ttft := self._clock() - arrived
                     )
-                    response.headers.append(rid)
                     headers = response.headers
+                    headers += rid, served
                     await send(
                         {"type": "http.response.start", "status": status, "headers": headers}
                     )
@@ -781,12 +788,13 @@ class Gateway:
         self,
         response: UpstreamResponse,
         send: Send,
-        rid: Header,
+        ours: tuple[Header, Header],
         model: str,
         arrived: float,
         *,
         admitted: Admitted | None = None,
     ) -> None:
+        """A whole answer; ``ours``: the request id's and the serving replica's headers."""
         whole = b"".join([c async for c in response.chunks])
         ttft = self._clock() - arrived
         self.metrics.child(self.metrics.ttft, model).observe(ttft)
@@ -798,7 +806,7 @@ class Gateway:
             admitted.meter.whole(whole)
         headers = response.headers
         headers.append((b"content-length", b"%d" % len(whole)))
-        headers.append(rid)
+        headers += ours
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": whole})
 
