@@ -17,7 +17,6 @@ from tests.gateway.conftest import (
     sim_replica,
 )
 
-
 REPLICAS = {f"{MODEL}-0", f"{MODEL}-1"}
 """The replicas' names (``serve_gateway`` names them after the model)."""
 
