@@ -6,9 +6,11 @@ path it loads the packaged default fleet, a small local sim fleet.
 
 from gpufleet.config._fleet import (
     DEFAULT_FLEET,
+    SPOT_DISCOUNT,
     STARTUP_TIMEOUTS,
     AutoscalerConfig,
     BatchConfig,
+    Capacity,
     EngineKind,
     FleetConfig,
     FleetFileError,
@@ -18,6 +20,7 @@ from gpufleet.config._fleet import (
     RuntimeConfig,
     RuntimeKind,
     ServedConfig,
+    SpotConfig,
     StartupConfig,
     TenantsConfig,
     Timeouts,
@@ -32,9 +35,11 @@ from gpufleet.config._override import field_path, set_field
 
 __all__ = [
     "DEFAULT_FLEET",
+    "SPOT_DISCOUNT",
     "STARTUP_TIMEOUTS",
     "AutoscalerConfig",
     "BatchConfig",
+    "Capacity",
     "EngineKind",
     "FleetConfig",
     "FleetFileError",
@@ -44,6 +49,7 @@ __all__ = [
     "RuntimeConfig",
     "RuntimeKind",
     "ServedConfig",
+    "SpotConfig",
     "StartupConfig",
     "TLSConfig",
     "TenantsConfig",

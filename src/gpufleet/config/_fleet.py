@@ -111,6 +111,34 @@ STARTUP_TIMEOUTS: Final = {
 """Default ``startup.timeout`` per engine kind, in seconds."""
 
 
+SPOT_DISCOUNT: Final = 0.7
+"""A spot GPU's discount on its on-demand price when the fleet file names no spot price:
+providers' spot capacity is typically 60-90 % cheaper, 70 % being the figure a fleet plan
+quotes (docs/spot.md)."""
+
+
+class Capacity(StrEnum):
+    """What a pool's GPUs are bought as."""
+
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+    """Cheaper, and the provider may take it back after a short notice (a preemption)."""
+
+
+class SpotConfig(_Strict):
+    """A spot pool's price, and what the controller does with a preemption notice
+    (docs/spot.md)."""
+
+    usd_per_gpu_hour: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    """The spot price per GPU-hour; ``None``: the catalog's on-demand price less
+    ``SPOT_DISCOUNT``."""
+    abandon_before: float = Field(5.0, ge=0.0, allow_inf_nan=False)
+    """Seconds before a noticed replica is taken at which the attempts still on it are
+    ended: a stream resumes elsewhere with what it had, a whole answer is sent again. Until
+    then they run on (most finish within a notice of 30-120 s); the replica takes no new
+    attempt from the notice on."""
+
+
 def _existing_file(path: str) -> str:
     """A file read when ``gpufleet up`` starts must be there when the file is loaded: a typo
     is the fleet file's error, not the first TLS handshake's."""
@@ -182,6 +210,12 @@ class ModelConfig(_Strict):
     residency: Annotated[ResidencyConfig, BeforeValidator(_residency_mode)] = ResidencyConfig()
     """Whether the model stays on its GPUs (``always``) or sleeps and wakes on demand
     (``on_demand``), and which GPU slots it shares (docs/residency.md)."""
+    capacity: Capacity = Capacity.ON_DEMAND
+    """``spot``: GPUs the provider may take back after a notice; the controller drains a
+    noticed replica (docs/spot.md)."""
+    spot: SpotConfig | None = None
+    """A spot pool's price and notice handling (``capacity: spot`` only; default
+    :class:`SpotConfig`)."""
     fallbacks: tuple[str, ...] = ()
     """Served names to try next, in order, when this pool cannot answer (every attempt
     failed with a 5xx or a timeout, the pool shed the request or has no replica) or the
@@ -195,6 +229,8 @@ class ModelConfig(_Strict):
                 f"name {self.name!r}: use lower-case letters, digits, '.' and '-' "
                 "(it names the pool, its replicas and their log files)"
             )
+        if self.spot is not None and self.capacity is not Capacity.SPOT:
+            raise ValueError("spot: its settings are for a pool with `capacity: spot`")
         if self.engine is EngineKind.EXTERNAL:
             self._check_external()
             return self
@@ -267,6 +303,24 @@ class ModelConfig(_Strict):
                 "args: --tensor-parallel-size: set `tp` instead (it is the GPUs a replica takes)"
             )
         return self
+
+    @property
+    def spot_settings(self) -> SpotConfig | None:
+        """A spot pool's settings (given, or the defaults); ``None``: not a spot pool."""
+        if self.capacity is not Capacity.SPOT:
+            return None
+        return self.spot or SpotConfig()
+
+    def usd_per_gpu_hour(self) -> float:
+        """What one of this pool's GPUs costs an hour: the catalog's on-demand price, or a
+        spot pool's own (``spot.usd_per_gpu_hour``; default: less ``SPOT_DISCOUNT``)."""
+        price = get_gpu(self.gpu).price_per_hour_usd
+        spot = self.spot_settings
+        if spot is None:
+            return price
+        if spot.usd_per_gpu_hour is not None:
+            return spot.usd_per_gpu_hour
+        return round(price * (1.0 - SPOT_DISCOUNT), 4)
 
     @property
     def served_model(self) -> str:

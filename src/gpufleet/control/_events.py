@@ -15,6 +15,7 @@ controller, and its decisions compared line by line::
               RolloutStart · RolloutAct · Latencies     (rollouts: docs/design/rollout.md)
               Resident                        (an engine fell asleep or woke: residency)
               KvEvents                     (an engine's KV-cache events: docs/kv-events.md)
+              Preempting                (a spot replica's preemption notice: docs/spot.md)
     controller ──► Route · Reject · Fallback · Probe · Ejected · Scale  (what the shell does)
                    RolloutStep                             (a rollout's decision)
                    Sleep · Wake                           (residency: _residency_events.py)
@@ -235,6 +236,20 @@ class KvEvents:
     replay: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Preempting:
+    """The provider takes ``replica`` back at ``at`` (on the controller's clock): a spot
+    GPU's preemption notice (a node's taint or termination notice, an admin call, a
+    simulated draw). The one event that carries a time: the notice's deadline is what it
+    says. From now on the replica takes no new attempt; the attempts still on it
+    ``abandon_before`` seconds before ``at`` are ended (:class:`Abandon`), so they resume
+    or retry elsewhere before the replica is gone (docs/spot.md)."""
+
+    model: str
+    replica: ReplicaId
+    at: float
+
+
 Event = (
     Replicas
     | Scraped
@@ -251,6 +266,7 @@ Event = (
     | Latencies
     | Resident
     | KvEvents
+    | Preempting
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -377,7 +393,8 @@ class KvResync:
 @dataclass(frozen=True, slots=True)
 class Abandon:
     """``replica`` just failed its active health checks with attempts in flight: a process
-    that answers no probe (hung, its host gone) answers none of them either. End each of
+    that answers no probe (hung, its host gone) answers none of them either; or its
+    preemption notice is about to fall due (:class:`Preempting`). End each of
     ``request_ids``' attempts there now and report it as ``AttemptFailed(TIMEOUT)``
     (``streamed`` when the client had its first byte), so it retries or resumes elsewhere
     instead of waiting out its timeouts (``health.active.abandon``; docs/design/retries.md)."""
@@ -479,6 +496,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
             return resident_to_json(event)
         case KvEvents():
             return _kv_events_json(event)
+        case Preempting(model=model, replica=replica, at=at):
+            return {"kind": "preempting", "model": model, "replica": replica, "at": at}
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -606,6 +625,7 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
         str(d["model"]), tuple(map(float, d["ttft"])), tuple(map(float, d["itl"]))
     ),
     "kv": _kv_events,
+    "preempting": lambda d: Preempting(str(d["model"]), ReplicaId(d["replica"]), float(d["at"])),
 }
 
 

@@ -29,13 +29,18 @@ A request's life (conserved: every ``Arrived`` ends in exactly one final command
                           │                                  max_resumes and resume_within
                           └─► Reject(exhausted | broken)
            Finished ──────► leaves: admission pumps the queue
+
+    Preempting(replica, at) ─► the replica takes no new attempt (shown DRAINING)
+           at − abandon_before ─► Abandon(its attempts) ─► each resumes or retries elsewhere
+                                   (free: the replica is going); a new process ends it
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, count
 from random import Random
 from typing import Any, Final
 
@@ -50,6 +55,7 @@ from gpufleet.control._events import (
     Finished,
     KvEvents,
     KvResync,
+    Preempting,
     Probe,
     ProbeAnswered,
     Reject,
@@ -101,6 +107,8 @@ _DEAD: Final = frozenset({ReplicaState.FAILED, ReplicaState.STOPPED})
 _OUT: Final = frozenset({ReplicaState.EJECTED, ReplicaState.FAILED})
 """Routing states of a replica health has taken out (ejected, or failing its checks)."""
 _QUEUED, _HELD, _ROUTED, _GATED = 0, 1, 2, 3
+_DONE: Final = float("inf")
+"""A noticed replica whose attempts were abandoned already."""
 
 
 class _Request:
@@ -224,6 +232,11 @@ class PoolController:
         self._held: dict[str, _Request] = {}
         self._gated: dict[str, _Request] = {}
         """Batch requests waiting at the gate, oldest first (their tickets hold deadlines)."""
+        self._gate_deadlines: list[tuple[float, int, str]] = []
+        """The gated requests' deadlines, a heap of (deadline, arrival order, id) whose
+        entries of requests let through already are dropped as they surface: a batch job's
+        many thousand lines cost a look at the top, not a scan."""
+        self._gate_order = count()
         self._gate_at: float | None = None
         """When the gate wants a look: its limit may grow, or a waiting deadline passes."""
         self._health_at: float | None = None
@@ -236,6 +249,11 @@ class PoolController:
         self._reachable: frozenset[ReplicaId] = frozenset()
         """Replicas an attempt can go to: the runtime has a process for it, not leaving, and
         its model is resident."""
+        self._leaving: dict[ReplicaId, float] = {}
+        """Replicas under a preemption notice, and when their attempts are abandoned (the
+        notice's deadline less ``abandon_before``; ``inf`` once done)."""
+        self._leave_at: float | None = None
+        """The earliest of those still to come."""
         self.resting: frozenset[ReplicaId] = frozenset()
         """Replicas whose model is not resident (asleep, waking, draining to sleep): set by
         the residency controller (``control/_residency.py``) through :meth:`rest`."""
@@ -252,6 +270,7 @@ class PoolController:
             Standbys: self._standbys,
             Tick: self._tick,
             KvEvents: self._kv_events,
+            Preempting: self._preempting,
         }
         self._on = handlers
 
@@ -313,6 +332,44 @@ class PoolController:
         if ask is not None:
             out.append(KvResync(self.model, replica, ask))
 
+    def _preempting(self, now: float, event: Preempting, out: list[Command]) -> None:
+        """A preemption notice: no new attempt there from now on, and its attempts ended
+        ``abandon_before`` ahead of the deadline (docs/spot.md)."""
+        replica = event.replica
+        seen = self._seen.get(replica)
+        if seen is None or seen.incarnation is None or seen.state in _DEAD:
+            return  # not a process of ours now: nothing to drain
+        at, old = event.at - self.settings.abandon_before, self._leaving.get(replica)
+        if old is not None and (old <= at or old == _DONE):
+            return  # told again (a taint seen twice), or done: the first notice holds
+        self._leaving[replica] = at
+        self._reachable = self._reach()
+        self._refresh(now, out)
+        self._preempt_due(now, out)
+
+    def _preempt_due(self, now: float, out: list[Command]) -> None:
+        """Abandon the attempts on each noticed replica whose time has come; set the next."""
+        due = None
+        for replica, at in self._leaving.items():
+            if at <= now:
+                self._leaving[replica] = _DONE
+                ids = self._attempts_on(replica)
+                if ids:
+                    out.append(Abandon(self.model, replica, ids))
+            elif due is None or at < due:
+                due = at
+        self._leave_at = due
+
+    def _attempts_on(self, replica: ReplicaId) -> tuple[str, ...]:
+        """The requests with an attempt in flight on ``replica``."""
+        if not self.attempts.get(replica):
+            return ()
+        return tuple(
+            rid
+            for rid, req in self._requests.items()
+            if req.phase == _ROUTED and req.replica == replica
+        )
+
     def next_wakeup(self) -> float | None:
         """The earliest time something falls due (a health decision, the queue's tick, a
         held request's deadline, an autoscaling decision); ``None``: nothing."""
@@ -328,6 +385,9 @@ class PoolController:
         gate = self._gate_at
         if gate is not None and (due is None or gate < due):
             due = gate
+        leave = self._leave_at
+        if leave is not None and (due is None or leave < due):
+            due = leave
         if self.autoscaler is not None:
             scale = self._scale_due()
             if due is None or scale < due:
@@ -381,6 +441,8 @@ class PoolController:
             )
             if new_process:
                 self._restarted.add(r.id)  # a new process: its checks start over
+                if self._leaving:
+                    self._leaving.pop(r.id, None)  # a new node: the notice was the old one's
             if self._kv is not None and was is not None and was.incarnation != r.incarnation:
                 self._kv.restarted(r.id, r.incarnation)  # its cache is gone with its process
             if (
@@ -390,6 +452,7 @@ class PoolController:
             ):
                 checked.append(r.id)  # the runtime just saw this process answer /health
         for gone in old.keys() - fresh.keys():
+            self._leaving.pop(gone, None)
             if self._kv is not None:
                 self._kv.forget(gone)
             self._loads.pop(gone, None)
@@ -413,6 +476,8 @@ class PoolController:
             for r in self._seen.values()
             if r.incarnation is not None and r.state not in _LEAVING
         )
+        if self._leaving:
+            reach -= self._leaving.keys()
         return reach - self.resting if self.resting else reach
 
     def rest(self, now: float, resting: frozenset[ReplicaId]) -> list[Command]:
@@ -456,21 +521,18 @@ class PoolController:
         if not self.settings.health.active.abandon:
             return
         for replica in (r for r in self._seen if r in newly and self.attempts.get(r)):
-            ids = tuple(
-                rid
-                for rid, req in self._requests.items()
-                if req.phase == _ROUTED and req.replica == replica
-            )
-            out.append(Abandon(self.model, replica, ids))
+            out.append(Abandon(self.model, replica, self._attempts_on(replica)))
 
     def _refresh(self, now: float, out: list[Command]) -> None:
         """Rebuild the routing view (a replica's view object kept while it is unchanged:
         routers key caches on a pool's identity); route held requests if it has room."""
         decided = None if self.decision is None else self.decision.states
-        views, loads, resting = self._views, self._loads, self.resting
+        views, loads, resting, leaving = self._views, self._loads, self.resting, self._leaving
         current: list[ReplicaView] = []
         for rid, seen in self._seen.items():
             state = self._runtime_state(seen)
+            if leaving and rid in leaving and state is not ReplicaState.STOPPED:
+                state = ReplicaState.DRAINING  # noticed: it leaves, whatever health says
             if state is ReplicaState.READY:
                 state = (decided.get(rid) if decided is not None else None) or (
                     ReplicaState.STARTING
@@ -555,6 +617,7 @@ class PoolController:
         req.hold_until = event.deadline if event.deadline is not None else now + wait
         self._requests[rid] = req
         self._gated[rid] = req
+        heapq.heappush(self._gate_deadlines, (req.hold_until, next(self._gate_order), rid))
         self.counters.gated += 1
         self._release(now, out)
 
@@ -578,10 +641,20 @@ class PoolController:
             else:
                 self._enter(now, req, ticket, out)
         due = decision.next_at if gated else None
-        for req in gated.values():
-            if due is None or req.hold_until < due:
-                due = req.hold_until
+        first = self._first_deadline()
+        if first is not None and (due is None or first < due):
+            due = first
         self._gate_at = due
+
+    def _first_deadline(self) -> float | None:
+        """The soonest deadline of a request still at the gate (the heap's stale tops go)."""
+        heap, gated = self._gate_deadlines, self._gated
+        while heap and heap[0][2] not in gated:
+            heapq.heappop(heap)
+        if not gated:
+            heap.clear()
+            return None
+        return heap[0][0]
 
     def _spare_view(self) -> SpareView:
         routable = self.routable()
@@ -597,8 +670,14 @@ class PoolController:
 
     def _gate_tick(self, now: float, out: list[Command]) -> None:
         """Refuse the batch requests whose wait ran out; let through what fits."""
-        for req in [r for r in self._gated.values() if r.hold_until <= now]:
-            del self._gated[req.request.request_id]
+        heap, gated = self._gate_deadlines, self._gated
+        due: list[tuple[int, str]] = []
+        while heap and heap[0][0] <= now:
+            _, order, rid = heapq.heappop(heap)
+            if rid in gated:
+                due.append((order, rid))
+        for _, rid in sorted(due):  # in the order they came, as they waited
+            req = gated.pop(rid)
             self.counters.gate_expired += 1
             self._reject(req, RejectReason.EXPIRED, out)
         if self._gated:
@@ -704,10 +783,11 @@ class PoolController:
     def _replica_gone(self, replica: ReplicaId, outcome: Outcome) -> bool:
         """Whether ``replica`` failed because it is gone rather than overloaded: the
         connection was refused or reset before an answer (``CONNECT_FAILURE``), the runtime
-        says its process is gone, or health has taken it out. Retrying such a failure adds
+        says its process is gone, health has taken it out, or it is under a preemption
+        notice. Retrying such a failure adds
         no load to a struggling replica, so it does not draw on the retry budget; a timeout
         or a 5xx from a replica still in service does (docs/design/retries.md)."""
-        if outcome is Outcome.CONNECT_FAILURE:
+        if outcome is Outcome.CONNECT_FAILURE or replica in self._leaving:
             return True
         seen = self._seen.get(replica)
         if seen is None or seen.incarnation is None or seen.state in _DEAD:
@@ -888,6 +968,8 @@ class PoolController:
             self._queue_tick(now, out)
         if self._gate_at is not None and now >= self._gate_at:
             self._gate_tick(now, out)
+        if self._leave_at is not None and now >= self._leave_at:
+            self._preempt_due(now, out)
         if self.autoscaler is not None and now >= self._scale_due():
             self._scale(now, out)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.config import FleetConfig, ModelConfig, RetryConfig
+from gpufleet.config import FleetConfig, ModelConfig, RetryConfig, SpotConfig
 from gpufleet.policy import (
     AdmissionConfig,
     AutoscaleConfig,
@@ -44,6 +44,9 @@ class PoolSettings:
     spare: SpareConfig | None = None
     """The gate of the ``batch`` class (``gateway.batch.spare``): batch requests start only
     into the room interactive load leaves (``None``: admitted like any other class)."""
+    abandon_before: float = SpotConfig().abandon_before
+    """Seconds before a preemption notice's deadline at which the attempts still on the
+    replica are ended (``spot.abandon_before``; any pool may get a notice)."""
 
     @classmethod
     def of(
@@ -78,6 +81,7 @@ class PoolSettings:
             hold_timeout=gateway.autoscaler.hold_timeout,
             context=model.context_length,
             spare=gateway.batch.spare,
+            abandon_before=(model.spot or SpotConfig()).abandon_before,
         )
 
     @property
