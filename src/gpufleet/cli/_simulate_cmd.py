@@ -30,6 +30,7 @@ from gpufleet.sim import (
     TraceSpec,
     load_faults,
     load_trace,
+    parse_batch_job,
     parse_fault,
     parse_tenant,
     write_plots,
@@ -192,6 +193,8 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
             )
         )
         ejections = faults["ejections"]
+        if faults["preemptions"]:
+            rows.append(("spot preemptions", f"{faults['preemptions']:,}"))
         rows.append(
             (
                 "crashes / ejections",
@@ -212,8 +215,29 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         slo = o["slo"]
         rows.append(("SLO attainment", f"{slo['attainment']:.1%}"))
         rows.append(("goodput", f"{slo['goodput_requests_per_s']} req/s"))
+    batch = report.get("batch")
+    if batch is not None:
+        took = "—" if batch["took_s"] is None else f"{batch['took_s'] / 3600:,.2f} h"
+        within = "within" if batch["within_window"] else "NOT within"
+        rows.append(
+            (
+                "batch job",
+                f"{batch['completed']:,} of {batch['lines']:,} lines in {took} "
+                f"({within} {batch['window_s'] / 3600:g} h), {batch['failed']:,} failed",
+            )
+        )
     cost = report["cost"]
     rows.append(("GPU-hours / cost", f"{cost['gpu_hours']:,.2f} h / ${cost['usd']:,.2f}"))
+    split = cost["by_capacity"]
+    if "spot" in split:
+        od = split.get("on_demand", {"gpu_hours": 0.0, "usd": 0.0})
+        rows.append(
+            (
+                "on-demand / spot",
+                f"{od['gpu_hours']:,.2f} h ${od['usd']:,.2f} / "
+                f"{split['spot']['gpu_hours']:,.2f} h ${split['spot']['usd']:,.2f}",
+            )
+        )
     rows.extend(_scaling_rows(report))
     return rows
 
@@ -422,6 +446,14 @@ def simulate(
             "by share (repeatable)."
         ),
     ] = None,
+    batch: Annotated[
+        str | None,
+        typer.Option(
+            help="A batch job: LINES[:at=S,model=NAME,window=S], its lines submitted at "
+            "`at` to served model NAME in the batch class (sizes from the packaged table).",
+            rich_help_panel="Batch",
+        ),
+    ] = None,
     admission: Annotated[
         bool | None,
         typer.Option(
@@ -484,6 +516,7 @@ def simulate(
         run_seed = seed if seed is not None else next(iter(configs.values())).gateway.seed
         options = SimOptions(
             tenants=tuple(parse_tenant(spec) for spec in tenant or []),
+            batch=None if batch is None else parse_batch_job(batch),
             admission=admission,
             faults=_scenario(faults, fault, mtbf_hours),
             seed=run_seed,

@@ -6,6 +6,7 @@ docs/design/sim-kernel.md explains the kernel and the driver, docs/traces.md the
 from gpufleet.sim._admission import SimTenant, TenantMix, parse_tenant
 from gpufleet.sim._arrivals import ArrivalProcess
 from gpufleet.sim._autoscale import Phase
+from gpufleet.sim._batch_job import BATCH_JOB, BatchJob, parse_batch_job
 from gpufleet.sim._chaos import ChaosResult, ChaosScenario, chaos_run, chaos_scenario
 from gpufleet.sim._control import (
     SimControl,
@@ -20,6 +21,7 @@ from gpufleet.sim._faults import (
     HangFault,
     MtbfFault,
     SlowFault,
+    SpotFault,
     load_faults,
     parse_fault,
 )
@@ -71,6 +73,7 @@ from gpufleet.sim._traces import (
 )
 
 __all__ = [
+    "BATCH_JOB",
     "DEFAULT_SPIKES",
     "NORMAL",
     "PREFIX_BLOCK_TOKENS",
@@ -78,6 +81,7 @@ __all__ = [
     "SAMPLE_TRACE",
     "URGENT",
     "ArrivalProcess",
+    "BatchJob",
     "BlackoutFault",
     "ChaosResult",
     "ChaosScenario",
@@ -112,6 +116,7 @@ __all__ = [
     "SimTenant",
     "SlowFault",
     "Spike",
+    "SpotFault",
     "SweepCandidate",
     "SweepProgress",
     "SweepResult",
@@ -129,6 +134,7 @@ __all__ = [
     "load_faults",
     "load_trace",
     "pareto_front",
+    "parse_batch_job",
     "parse_fault",
     "parse_tenant",
     "replica_config",

@@ -58,6 +58,7 @@ from gpufleet.control import (
     KvEvents,
     KvResync,
     Latencies,
+    Preempting,
     Probe,
     ProbeAnswered,
     Reject,
@@ -229,7 +230,7 @@ class SimControl:
     Call :meth:`attach` after ``FleetHarness.start``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - a field a line
         self,
         control: FleetController,
         counts: Sequence[int],
@@ -238,6 +239,8 @@ class SimControl:
         tenant_of: Callable[[int, TraceRequest], tuple[str, int, float]] | None = None,
         on_refuse: Callable[[int, str], None] | None = None,
         block_sizes: Mapping[str, int] | None = None,
+        deadlines: Mapping[str, float] | None = None,
+        whole: frozenset[str] = frozenset(),
     ) -> None:
         self.control = control
         pools = list(control.pools)
@@ -251,6 +254,13 @@ class SimControl:
         self.scrape_interval = scrape_interval
         self._tenant_of = tenant_of
         self._on_refuse = on_refuse
+        self._deadlines = deadlines or {}
+        """Per tenant, the time by which its requests must have started (a batch job's
+        lines: the end of its window); a tenant not here waits its class's ``max_wait``."""
+        self._whole = whole
+        """Tenants whose requests ask for whole answers, not streams (a batch job's lines,
+        as the runner sends them): one lost mid-way is sent again from the start."""
+        self._whole_ids: set[int] = set()
         self.blackout: set[int] = set()
         """Replicas whose scrapes do not update (a metric blackout)."""
         self.hung: set[int] = set()
@@ -322,6 +332,10 @@ class SimControl:
     def state(self, replica: int) -> ReplicaState:
         """What the runtime says of driver ``replica``."""
         return self.replicas.by_driver[replica].state
+
+    def model_of_replica(self, replica: int) -> str:
+        """The pool of driver ``replica``."""
+        return self.replicas.by_driver[replica].model
 
     def last_end(self, replica: int) -> float:
         return self.replicas.by_driver[replica].last_end
@@ -408,6 +422,12 @@ class SimControl:
             return
         entry.state, entry.incarnation = ReplicaState.READY, entry.restarts
         self._report(now, self.replicas.seen(entry.model))
+
+    def preempting(self, now: float, replica: int, at: float) -> list[ScheduledEvent]:
+        """The provider takes driver ``replica``'s GPUs at ``at``: the controller hears the
+        notice (what it says, an abandon included, is returned to schedule)."""
+        entry = self.replicas.by_driver[replica]
+        return self._tell(now, Preempting(entry.model, entry.id, at))
 
     def standbys(self, now: float, model: str, standbys: tuple[Standby, ...]) -> None:
         self._report(now, Standbys(model, standbys))
@@ -631,7 +651,11 @@ class SimControl:
             max_tokens=request.output_tokens,
             block_hashes=() if size is None else block_hash_chain(prompt, size, KV_MAX_BLOCKS),
         )
-        return self._tell(now, Arrived(routed, priority, weight, resumable=True))
+        deadline = self._deadlines.get(tenant) if tenant is not None else None
+        whole = tenant is not None and tenant in self._whole
+        if whole:
+            self._whole_ids.add(index)
+        return self._tell(now, Arrived(routed, priority, weight, deadline, resumable=not whole))
 
     def on_kv(self, now: float, replica: int, events: list[KvCacheEvent]) -> None:
         """Replica ``replica``'s prefix cache did this in a step (a local event): one batch
@@ -745,4 +769,5 @@ class SimControl:
         retry budget when it had no token yet); or its attempt was abandoned there
         (``TIMEOUT``, as the gateway reports one)."""
         model = self.replicas.by_driver[replica].model
-        return self._tell(now, AttemptFailed(model, str(index), outcome, streamed=started))
+        streamed = started and index not in self._whole_ids  # a whole answer sent nothing
+        return self._tell(now, AttemptFailed(model, str(index), outcome, streamed=streamed))

@@ -9,6 +9,7 @@ A scenario is a list of faults, written in a ``faults:`` YAML file or as ``--fau
       - errors: {replica: llama-3.1-8b-2, from: 50, to: 120}   # answers 5xx, /health fine
       - hang: {replica: llama-3.1-8b-1, from: 400, to: 430}    # stops: answers nothing
       - mtbf: {hours: 2.0, startup_s: 120}   # every replica: exponential time to failure
+      - spot: {per_gpu_hour: 0.05, notice_s: 60}  # `capacity: spot` pools: preemptions
 
 Faults live in the simulated replicas and network; the control logic (routers, health
 policy, retries) is the real one and never hears of a fault except through what it
@@ -22,13 +23,18 @@ observes: failed attempts, probes, scrapes that stop moving::
     Errors on / off ─► each new attempt sent there fails at once with a 5xx (REPLICA_ERROR,
               before any byte: retried by the budget's rule); probes still pass, so only
               outlier detection (consecutive 5xx) takes it out: a gray failure
+    Notice @ t ─► the controller hears ``Preempting(replica, t + notice_s)``: no new attempt
+              there; its attempts are abandoned ``abandon_before`` ahead (resumed, retried)
+              ─► Crash @ t + notice_s (the provider takes the GPUs; counted as a preemption)
+              ─► Restart @ + startup_s (a replacement node) ─► the next draw
     Hang on / off ─► the process stops (SIGSTOP, a wedged GPU): its step in flight stalls,
               probes and scrapes get no answer; health fails it, and the controller
               abandons its attempts (retried, or resumed, elsewhere: ``control.Abandon``);
               at the end it steps on from where it stopped, and checks bring it back
 
 A replica with ``tp`` GPUs fails ``tp`` times as often as one GPU: ``mtbf.hours`` is per
-GPU (6–12 months, 4,400–8,800 h, for data-centre GPUs; scale it down for short runs).
+GPU (6–12 months, 4,400–8,800 h, for data-centre GPUs; scale it down for short runs), and
+so is ``spot.per_gpu_hour``, the rate at which the provider reclaims spot GPUs (docs/spot.md).
 Every fault event is shared (it changes what routers see), so no replica has run past it.
 """
 
@@ -142,12 +148,25 @@ class MtbfFault(_Fault):
     startup_s: float = Field(DEFAULT_STARTUP_S, ge=0.0)
 
 
+class SpotFault(_Fault):
+    """Every replica of a ``capacity: spot`` pool is reclaimed after exponential times,
+    ``per_gpu_hour`` times per GPU-hour (× TP per replica), each announced ``notice_s``
+    ahead; its replacement serves ``startup_s`` after it went."""
+
+    kind: Literal["spot"] = "spot"
+    per_gpu_hour: float = Field(gt=0.0, allow_inf_nan=False)
+    notice_s: float = Field(60.0, ge=0.0, allow_inf_nan=False)
+    startup_s: float = Field(DEFAULT_STARTUP_S, ge=0.0)
+
+
 Fault = Annotated[
-    CrashFault | SlowFault | BlackoutFault | ErrorFault | HangFault | MtbfFault,
+    CrashFault | SlowFault | BlackoutFault | ErrorFault | HangFault | MtbfFault | SpotFault,
     Field(discriminator="kind"),
 ]
 _ADAPTER: Final[TypeAdapter[Fault]] = TypeAdapter(Fault)
-FAULT_KINDS: Final = ("blackout", "crash", "errors", "hang", "mtbf", "slow")
+FAULT_KINDS: Final = ("blackout", "crash", "errors", "hang", "mtbf", "slow", "spot")
+FLEET_WIDE: Final = (MtbfFault, SpotFault)
+"""Faults that name no replica: they draw over the fleet."""
 
 
 def parse_fault(data: Mapping[str, Any] | str) -> Fault:
@@ -219,6 +238,17 @@ class Crash:
     replica: int
     startup_s: float
     mtbf: bool = False
+    preempted: bool = False
+    """The provider took the replica's GPUs (a spot preemption), not a crash."""
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A spot replica's preemption notice (of draw ``draw``: a later draw supersedes it)."""
+
+    target: FaultInjector
+    replica: int
+    draw: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +292,21 @@ class FaultInjector:
     ``rng`` (one per run, used by nothing else), so a seed gives one run, faults included.
     """
 
-    __slots__ = ("_fresh", "_gpus", "_harness", "_mtbf", "_rng", "_routing", "crashes")
+    __slots__ = (
+        "_draws",
+        "_fresh",
+        "_gpus",
+        "_harness",
+        "_mtbf",
+        "_rng",
+        "_routing",
+        "_spot",
+        "_spot_pools",
+        "crashes",
+        "cut_by_preemption",
+        "notices",
+        "preemptions",
+    )
 
     def __init__(
         self,
@@ -272,6 +316,7 @@ class FaultInjector:
         fresh: Callable[[int], ReplicaModel],
         gpus: Sequence[int],
         rng: Random,
+        spot_pools: frozenset[str] = frozenset(),
     ) -> None:
         self._harness = harness
         self._routing = routing
@@ -279,7 +324,17 @@ class FaultInjector:
         self._gpus = list(gpus)
         self._rng = rng
         self._mtbf: MtbfFault | None = None
+        self._spot: SpotFault | None = None
+        self._spot_pools = spot_pools
+        """The pools whose replicas a ``spot`` fault reclaims (``capacity: spot``)."""
+        self._draws: dict[int, int] = {}
+        """Per spot replica, its current draw (a restart starts a new one)."""
         self.crashes = 0
+        self.preemptions = 0
+        self.cut_by_preemption = 0
+        """Attempts still on a replica when the provider took it (abandoned in time: 0)."""
+        self.notices: list[tuple[int, float, float]] = []
+        """Each preemption: the replica, when its notice came, and its deadline."""
 
     def start(self, faults: Sequence[Fault]) -> None:
         """Schedule every fault (call after the harness and routing are started)."""
@@ -292,6 +347,11 @@ class FaultInjector:
                     raise ValueError("give at most one mtbf fault")
                 self._mtbf = fault
                 continue
+            if isinstance(fault, SpotFault):
+                if self._spot is not None:
+                    raise ValueError("give at most one spot fault")
+                self._spot = fault
+                continue
             replica = names.get(fault.replica)
             if replica is None:
                 known = ", ".join(names)
@@ -302,6 +362,8 @@ class FaultInjector:
         if self._mtbf is not None:
             for replica in range(len(self._gpus)):
                 events.append(self._next_failure(kernel.now, replica))
+        for replica in range(len(self._gpus)):
+            events += self._next_notice(kernel.now, replica)
         kernel.schedule_all(sorted(events, key=lambda e: e.time))
 
     def _scheduled(self, fault: Fault, replica: int) -> list[ScheduledEvent]:
@@ -330,8 +392,10 @@ class FaultInjector:
         """Replica ``replica`` (``gpus`` GPUs) joined the fleet: MTBF applies to it too."""
         self._gpus.append(gpus)
         assert len(self._gpus) == replica + 1, (len(self._gpus), replica)
-        if self._mtbf is not None:
-            self._harness.kernel.schedule_all([self._next_failure(now, replica)])
+        events = [] if self._mtbf is None else [self._next_failure(now, replica)]
+        events += self._next_notice(now, replica)
+        if events:
+            self._harness.kernel.schedule_all(events)
 
     def _at(self, time: float, event: Event) -> ScheduledEvent:
         return ScheduledEvent(max(time, self._harness.kernel.now), FAULT_PRIORITY, event)
@@ -342,6 +406,47 @@ class FaultInjector:
         mean_s = mtbf.hours * 3600.0 / self._gpus[replica]
         at = now + self._rng.expovariate(1.0 / mean_s)
         return ScheduledEvent(at, FAULT_PRIORITY, Crash(self, replica, mtbf.startup_s, True))
+
+    def _next_notice(self, now: float, replica: int) -> list[ScheduledEvent]:
+        """Replica ``replica``'s next preemption notice, if it is a spot pool's (a new draw:
+        any notice drawn before for it is void)."""
+        spot = self._spot
+        if spot is None or self._routing.model_of_replica(replica) not in self._spot_pools:
+            return []
+        draw = self._draws[replica] = self._draws.get(replica, 0) + 1
+        rate = spot.per_gpu_hour * self._gpus[replica] / 3600.0
+        at = now + self._rng.expovariate(rate)
+        return [ScheduledEvent(at, FAULT_PRIORITY, Notice(self, replica, draw))]
+
+    def _notice(self, now: float, event: Notice) -> list[ScheduledEvent]:
+        """The provider will take replica ``replica`` ``notice_s`` from now: the controller
+        hears it now, the crash comes then."""
+        spot, replica, harness = self._spot, event.replica, self._harness
+        assert spot is not None
+        driver = harness.drivers[replica]
+        stopped = self._routing.state(replica) is ReplicaState.STOPPED  # scaled in
+        if self._draws.get(replica) != event.draw or driver.down or stopped:
+            return []  # superseded by a restart's draw, or nothing to take
+        if not harness.active:
+            return []
+        self.preemptions += 1
+        at = now + spot.notice_s
+        self.notices.append((replica, now, at))
+        out = self._routing.preempting(now, replica, at)
+        out.append(
+            ScheduledEvent(at, FAULT_PRIORITY, Crash(self, replica, spot.startup_s, False, True))
+        )
+        return out
+
+    def _restart(self, now: float, replica: int) -> list[ScheduledEvent]:
+        """Replica ``replica`` is back (a new process, or a new spot node): its next draws."""
+        harness = self._harness
+        harness.drivers[replica].restart(now)
+        self._routing.replica_up(now, replica)
+        if not harness.active:
+            return []
+        events = [] if self._mtbf is None else [self._next_failure(now, replica)]
+        return events + self._next_notice(now, replica)
 
     def _hang(self, now: float, replica: int, on: bool) -> list[ScheduledEvent]:
         """Replica ``replica``'s process stops (``on``) or goes on."""
@@ -362,19 +467,20 @@ class FaultInjector:
                 gone = routing.state(replica) is ReplicaState.STOPPED  # scaled in
                 if driver.down or gone or (event.mtbf and not harness.active):
                     return []
-                self.crashes += 1
+                if not event.preempted:
+                    self.crashes += 1
                 routing.hung.discard(replica)  # a hung process can be killed: the next is not
                 lost = driver.crash(now, self._fresh(replica))
+                if event.preempted:
+                    self.cut_by_preemption += len(lost)
                 out = harness.lose(now, replica, lost)  # failures reach health first
                 routing.replica_down(now, replica)
                 out.append(ScheduledEvent(now + startup_s, FAULT_PRIORITY, Restart(self, replica)))
                 return out
             case Restart(replica=replica):
-                harness.drivers[replica].restart(now)
-                routing.replica_up(now, replica)
-                if self._mtbf is not None and harness.active:
-                    return [self._next_failure(now, replica)]
-                return []
+                return self._restart(now, replica)
+            case Notice():
+                return self._notice(now, event)
             case Hang(replica=replica, on=on):
                 return self._hang(now, replica, on)
             case Slow(replica=replica, factor=factor):

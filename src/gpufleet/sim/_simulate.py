@@ -25,8 +25,9 @@ from gpufleet.engine.model import ReplicaConfig, ReplicaModel
 from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.sim._admission import SimTenant, TenantBook, TenantMix
 from gpufleet.sim._autoscale import Autoscaling
+from gpufleet.sim._batch_job import BATCH_JOB, BatchJob, batch_report
 from gpufleet.sim._control import SimControl
-from gpufleet.sim._faults import Fault, FaultInjector, MtbfFault, fault_spec
+from gpufleet.sim._faults import FLEET_WIDE, Fault, FaultInjector, fault_spec
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import RequestRecord
@@ -63,6 +64,9 @@ class SimOptions:
     tenants: tuple[SimTenant, ...] = ()
     """Tenants' weights and classes (live: the store's), and their shares of the trace's
     requests that name no tenant. With none, untagged requests are ``anonymous``."""
+    batch: BatchJob | None = None
+    """A batch job submitted during the run (its lines join the trace at ``batch.at``, in
+    the ``batch`` class, for tenant ``batch-job``; ``gpufleet.sim._batch_job``)."""
 
 
 def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
@@ -110,6 +114,14 @@ class FleetSimulation:
     """One fleet file, one trace, one seed."""
 
     def __init__(self, fleet: FleetConfig, options: SimOptions = SimOptions()) -> None:
+        job = options.batch
+        if job is not None:
+            names = [entry.name for entry in fleet.served_names()]
+            if job.model is not None and job.model not in names:
+                served = ", ".join(names)
+                raise ValueError(f"batch job: no served model {job.model!r} (served: {served})")
+            if all(t.name != BATCH_JOB for t in options.tenants):
+                options = replace(options, tenants=(*options.tenants, job.tenant))
         self.fleet = fleet
         self.options = options
         models: list[ReplicaModel] = []
@@ -145,6 +157,8 @@ class FleetSimulation:
             counts,
             scrape_interval=fleet.gateway.scrape_interval,
             tenant_of=None if self.tenants is None else self.tenants.of,
+            deadlines={} if job is None else {BATCH_JOB: job.deadline},
+            whole=frozenset() if job is None else frozenset({BATCH_JOB}),
             on_refuse=None if self.tenants is None else self.tenants.refused,
             block_sizes={name: c.block_size for name, c in self._configs.items()},
         )
@@ -162,7 +176,7 @@ class FleetSimulation:
         self.admitting = admitting
         known = set(self.replica_ids)
         for fault in options.faults:
-            if not isinstance(fault, MtbfFault) and fault.replica not in known:
+            if not isinstance(fault, FLEET_WIDE) and fault.replica not in known:
                 raise ValueError(
                     f"fault {fault.kind}: no replica {fault.replica!r} "
                     f"(replicas: {', '.join(self.replica_ids)})"
@@ -173,6 +187,7 @@ class FleetSimulation:
             fresh=lambda i: ReplicaModel(configs[i]),
             gpus=gpus,
             rng=Random(f"gpufleet-faults-{options.seed}"),
+            spot_pools=frozenset(m.name for m in fleet.models if m.spot_settings is not None),
         )
         self.replica_models = [
             m.name for m, n in zip(fleet.models, counts, strict=True) for _ in range(n)
@@ -218,6 +233,9 @@ class FleetSimulation:
         return self.harness.kernel.events_processed
 
     def start(self, trace: Iterable[TraceRequest]) -> None:
+        job = self.options.batch
+        if job is not None:
+            trace = job.merged(list(trace), self.options.seed)
         self.harness.start(trace)
         self.routing.attach(self.harness)
         self.harness.every(self.options.sample_interval, self._sample)
@@ -444,9 +462,10 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
     for entry in sim.fleet.models:
         bill = scaling.bill(entry.name, makespan)
         gpu_hours = math.fsum(bill.values()) / 3600.0
-        price = get_gpu(entry.gpu).price_per_hour_usd
+        price = entry.usd_per_gpu_hour()
         cost_models[entry.name] = {
             "gpu": entry.gpu,
+            "capacity": entry.capacity.value,
             "gpus": entry.tp * entry.replica_count,
             "usd_per_gpu_hour": price,
             "gpu_hours": _r(gpu_hours, 4),
@@ -506,6 +525,7 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
         "cost": {
             "gpu_hours": _r(sum(c["gpu_hours"] for c in cost_models.values()), 4),
             "usd": _r(sum(c["usd"] for c in cost_models.values()), 2),
+            "by_capacity": _by_capacity(cost_models),
             "models": cost_models,
         },
         "replicas": replicas,
@@ -539,8 +559,16 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
         **_served_report(sim),
         **_rollouts_report(sim),
         **({} if sim.tenants is None else {"tenants": _tenants_report(sim)}),
+        **_batch_section(sim),
         "digest": recorder.digest(),
     }
+
+
+def _batch_section(sim: FleetSimulation) -> dict[str, Any]:
+    job, book = sim.options.batch, sim.tenants
+    if job is None or book is None:
+        return {}
+    return {"batch": batch_report(job, sim.harness.recorder.log, book.tenants(), book.tenant_ids)}
 
 
 def _served_report(sim: FleetSimulation) -> dict[str, Any]:
@@ -641,6 +669,18 @@ def _tenants_report(sim: FleetSimulation) -> dict[str, Any]:
     )
 
 
+def _by_capacity(cost_models: dict[str, Any]) -> dict[str, Any]:
+    """GPU-hours and dollars split between on-demand and spot pools."""
+    split: dict[str, Any] = {}
+    for c in cost_models.values():
+        part = split.setdefault(c["capacity"], {"gpu_hours": 0.0, "usd": 0.0})
+        part["gpu_hours"] += c["gpu_hours"]
+        part["usd"] += c["usd"]
+    return {
+        k: {"gpu_hours": _r(v["gpu_hours"], 4), "usd": _r(v["usd"], 2)} for k, v in split.items()
+    }
+
+
 def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
     routing = sim.routing
     ejections = routing.ejections
@@ -648,6 +688,8 @@ def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
     report: dict[str, Any] = {
         "scenario": [fault_spec(f) for f in sim.options.faults],
         "crashes": sim.faults.crashes,
+        "preemptions": sim.faults.preemptions,
+        "cut_by_preemption": sim.faults.cut_by_preemption,
         "requests_failed": sim.harness.failed,
         "lost_mid_stream": sum(c.broken for c in counters),
         "resumed_streams": sum(c.resumes for c in counters),

@@ -1,0 +1,167 @@
+"""A batch job in the simulator: lines submitted at once, gated on spare capacity by the
+pool controller, finished within their window, reported apart from the trace's requests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufleet.cli import app
+from gpufleet.config import FleetConfig, load_fleet, parse_fleet
+from gpufleet.sim import FleetSimulation, SimOptions, parse_fault
+from gpufleet.sim._batch_job import BATCH_JOB, BatchJob
+from tests.sim.test_faults import requests
+
+POOL = "llama-3.1-8b"
+SPOT = "batch-spot"
+runner = CliRunner()
+
+
+def fleet(spare: object = "default", slots: int = 256) -> FleetConfig:
+    args = ["--max-num-seqs", str(slots)]
+    models = [
+        {"name": POOL, "replicas": 2, "routing": "least_request", "args": args},
+        {"name": SPOT, "model": POOL, "replicas": 2, "routing": "least_request",
+         "capacity": "spot", "args": args},
+    ]  # fmt: skip
+    data: dict[str, object] = {"models": models}
+    if spare != "default":
+        data["gateway"] = {"batch": {"spare": spare}}
+    return parse_fleet(data, source="test")
+
+
+def run(config: FleetConfig, job: BatchJob, *faults: str, n: int = 400) -> FleetSimulation:
+    options = SimOptions(seed=1, batch=job, faults=tuple(parse_fault(f) for f in faults))
+    sim = FleetSimulation(config, options)
+    sim.start(requests(n, rate=10.0))  # interactive: the first pool
+    sim.run()
+    assert sim.check() == []  # every request, every line, ends once
+    return sim
+
+
+def test_a_batch_job_runs_on_its_pool_and_finishes_in_its_window() -> None:
+    job = BatchJob(lines=600, at=5.0, model=SPOT, window_s=3600.0)
+    sim = run(fleet(), job)
+    report = sim.report({})
+    batch = report["batch"]
+    assert batch["completed"] == 600
+    assert batch["failed"] == 0
+    assert batch["within_window"] is True
+    assert 0 < batch["took_s"] < 3600.0
+    assert batch["finished_s"] == pytest.approx(5.0 + batch["took_s"])
+    # the lines ran on the batch pool, the trace's requests on the first
+    lines = {
+        i for i, t in enumerate(sim.tenants.tenant_ids) if sim.tenants.tenants()[t] == BATCH_JOB
+    }
+    assert len(lines) == 600
+    spot = {i for i, m in enumerate(sim.replica_models) if m == SPOT}
+    rows = sim.harness.recorder.log
+    assert all(r.replica in spot for r in rows if r.index in lines)
+    assert not [r for r in rows if r.index not in lines and r.replica in spot]
+    # through the gate: it held them, nothing expired
+    counters = sim.control.pools[SPOT].counters
+    assert counters.gated == 600
+    assert counters.gate_expired == 0
+    assert report["tenants"]["tenants"][BATCH_JOB]["requests"] == 600
+
+
+def test_the_gate_keeps_the_lines_to_its_share_of_the_slots() -> None:
+    """The gate lets no more lines run than ``target`` × the pool's slots (16 a replica
+    here), however many wait."""
+    config = fleet({"target": 0.5}, slots=16)
+    sim = FleetSimulation(config, SimOptions(seed=1, batch=BatchJob(300, 0.0, SPOT, 3600.0)))
+    sim.start(requests(50))
+    peak = 0
+    for t in range(1, 60):
+        sim.run(float(t))
+        peak = max(peak, sim.control.pools[SPOT].batch_in_flight)
+    sim.run()
+    assert 0 < peak <= 16  # 0.5 of 2 replicas × 16 slots
+    assert sim.report({})["batch"]["completed"] == 300
+
+
+def test_lines_that_cannot_start_in_their_window_fail_as_expired() -> None:
+    """Room for ~25 lines at a time (2 × 16 slots × 0.8): 400 cannot all start in 2 s."""
+    job = BatchJob(lines=400, at=0.0, model=SPOT, window_s=2.0)
+    sim = run(fleet(slots=16), job)
+    batch = sim.report({})["batch"]
+    assert batch["failed"] > 0
+    assert batch["completed"] + batch["failed"] == 400
+    assert batch["within_window"] is False
+    assert sim.control.pools[SPOT].counters.gate_expired == batch["failed"]
+
+
+def test_a_batch_job_on_a_preempted_spot_pool_loses_no_line() -> None:
+    job = BatchJob(lines=800, at=0.0, model=SPOT, window_s=3600.0)
+    sim = run(fleet(slots=16), job, "spot:per_gpu_hour=120,notice_s=5,startup_s=10")
+    report = sim.report({})
+    faults = report["faults"]
+    assert faults["preemptions"] > 0
+    assert report["batch"]["completed"] == 800
+    assert report["overall"]["failed"] == 0
+    # a line is a whole answer, as the runner asks: one caught on a noticed replica is sent
+    # again from the start, not resumed (only streams are)
+    assert faults["resumed_streams"] == 0
+    assert faults["free_retries"] > 0
+
+
+def test_the_job_is_seeded_and_checked() -> None:
+    job = BatchJob(lines=200, at=1.0, model=SPOT)
+    first = json.dumps(run(fleet(), job, n=100).report({}))
+    assert first == json.dumps(run(fleet(), job, n=100).report({}))
+    with pytest.raises(ValueError, match="no served model 'nope'"):
+        FleetSimulation(fleet(), SimOptions(batch=BatchJob(10, model="nope")))
+    with pytest.raises(ValueError, match="at least one line"):
+        BatchJob(0)
+
+
+def test_the_cli_runs_a_batch_job_on_a_spot_pool(tmp_path: Path) -> None:
+    source = tmp_path / "trace.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"arrival_s": r.arrival_s, "input_tokens": r.input_tokens,
+                        "output_tokens": r.output_tokens}) + "\n"
+            for r in requests(80)
+        )
+    )  # fmt: skip
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(
+        "models:\n"
+        "  - {name: llama-3.1-8b, replicas: 1}\n"
+        "  - {name: batch-spot, model: llama-3.1-8b, replicas: 2, capacity: spot}\n"
+    )
+    args = ["simulate", "--fleet", str(fleet_file), "--trace", str(source), "--no-plots"]
+    args += ["--batch", "300:at=2,model=batch-spot,window=3600"]
+    args += ["--fault", "spot:per_gpu_hour=100,notice_s=5,startup_s=5"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert "batch job" in result.output
+    assert "300 of 300 lines" in result.output
+    assert "on-demand / spot" in result.output
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["batch"]["completed"] == 300
+    assert report["cost"]["by_capacity"]["spot"]["gpu_hours"] > 0
+    for spec, message in [
+        ("many", "'many' is not a number of lines"),
+        ("10:when=3", "unknown key 'when'"),
+        ("10:model=nope", "no served model 'nope'"),
+        ("0", "at least one line"),
+    ]:
+        bad = runner.invoke(app, [*args[:6], "--batch", spec, "--out", str(tmp_path / "b")])
+        assert bad.exit_code == 2, bad.output
+        assert message in bad.output, bad.output
+
+
+def test_the_example_fleet_runs_a_batch_on_its_spot_pool() -> None:
+    config = load_fleet(Path(__file__).parents[2] / "examples" / "spot-batch.yaml")
+    spot = config.models[1]
+    assert spot.spot_settings is not None
+    assert spot.usd_per_gpu_hour() == 0.60
+    job = BatchJob(lines=300, at=0.0, model=spot.name, window_s=3600.0)
+    sim = run(config, job, "spot:per_gpu_hour=50,notice_s=5,startup_s=10", n=200)
+    report = sim.report({})
+    assert report["batch"]["within_window"] is True
+    assert report["cost"]["models"][spot.name]["usd_per_gpu_hour"] == 0.60

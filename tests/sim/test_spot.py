@@ -1,0 +1,136 @@
+"""Spot pools in the simulator: Poisson preemptions with a notice, drained by the pool
+controller (no new attempt on a noticed replica; what is still there is abandoned ahead of
+the deadline and resumed or retried elsewhere), replacements, and the cost split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpufleet.config import FleetConfig, parse_fleet
+from gpufleet.sim import FleetSimulation, SimOptions, parse_fault
+from tests.sim.test_faults import requests
+
+POOL = "llama-3.1-8b"
+
+
+def spot_fleet(abandon_before: float = 5.0) -> FleetConfig:
+    models = [
+        {"name": POOL, "replicas": 4, "routing": "least_request", "capacity": "spot",
+         "spot": {"abandon_before": abandon_before}},
+        {"name": "on-demand", "model": POOL, "replicas": 1},
+    ]  # fmt: skip
+    return parse_fleet({"models": models}, source="test")
+
+
+def run(config: FleetConfig, spec: str, seed: int = 1, n: int = 1500) -> FleetSimulation:
+    sim = FleetSimulation(config, SimOptions(seed=seed, faults=(parse_fault(spec),)))
+    sim.start(requests(n, rate=10.0, seed=seed))  # all to the first (spot) pool
+    sim.run()
+    assert sim.check() == []  # every request ends once
+    return sim
+
+
+SPOT = "spot:per_gpu_hour=40,notice_s=30,startup_s=20"
+"""About one notice per replica every 90 s: several in a 150 s trace."""
+
+
+def test_preempted_replicas_lose_no_request() -> None:
+    sim = run(spot_fleet(), SPOT)
+    report = sim.report({})
+    faults = report["faults"]
+    assert faults["preemptions"] >= 3
+    assert faults["crashes"] == 0  # a preemption is not a crash
+    assert report["overall"]["failed"] == faults["requests_failed"] == 0
+    assert faults["lost_mid_stream"] == faults["cut_by_preemption"] == 0
+    assert sim.control.pools[POOL].counters.retries_refused == 0
+    # the on-demand pool is never preempted
+    assert all(r["crashes"] == 0 for r in report["replicas"] if r["model"] == "on-demand")
+
+
+SHORT = "spot:per_gpu_hour=40,notice_s=3,startup_s=20"
+"""A notice shorter than many requests: some are still on the replica near its end."""
+
+
+def test_what_is_left_near_the_deadline_moves_before_the_replica_goes() -> None:
+    """``abandon_before: 2`` on a 3 s notice: the attempts still there 2 s before the end
+    are abandoned, resumed (streams) or retried elsewhere, free; none is cut by the end
+    itself."""
+    sim = run(spot_fleet(2.0), SHORT)
+    faults = sim.report({})["faults"]
+    counters = sim.control.pools[POOL].counters
+    assert faults["preemptions"] >= 3
+    assert counters.free_retries + counters.resumes > 0
+    assert faults["cut_by_preemption"] == 0
+    assert faults["requests_failed"] == counters.retries_refused == 0
+
+
+def test_no_attempt_starts_on_a_noticed_replica() -> None:
+    """Between a notice and the replica's end, nothing new is routed there: each replica's
+    served rows arrived outside its notice windows."""
+    sim = run(spot_fleet(), SPOT, n=800)
+    windows = sim.faults.notices  # (replica index, notice time, deadline)
+    assert windows
+    rows = sim.harness.recorder.log
+    for replica, noticed, deadline in windows:
+        started = [r for r in rows if r.replica == replica and noticed < r.arrival_s < deadline]
+        assert not started, (replica, noticed, [r.arrival_s for r in started][:5])
+
+
+def test_a_notice_lets_most_attempts_finish_where_they_are() -> None:
+    """With 30 s of notice most attempts on the replica end before it goes; with none,
+    every attempt there at the end has to move (retried, or resumed with its prompt and
+    tokens sent again)."""
+
+    def moved(spec: str) -> float:
+        sim = run(spot_fleet(), spec)
+        counters = sim.control.pools[POOL].counters
+        assert sim.report({})["overall"]["failed"] == 0
+        return (counters.free_retries + counters.resumes) / sim.faults.preemptions
+
+    warned = moved(SPOT)
+    sudden = moved("spot:per_gpu_hour=40,notice_s=0,startup_s=20")
+    assert warned < 0.5 * sudden, (warned, sudden)
+
+
+def test_spot_gpu_hours_are_split_and_priced_apart() -> None:
+    sim = run(spot_fleet(), SPOT, n=400)
+    cost = sim.report({})["cost"]
+    spot, od = cost["models"][POOL], cost["models"]["on-demand"]
+    assert (spot["capacity"], od["capacity"]) == ("spot", "on_demand")
+    assert spot["usd_per_gpu_hour"] == pytest.approx(od["usd_per_gpu_hour"] * 0.3)
+    split = cost["by_capacity"]
+    assert split["spot"]["gpu_hours"] == spot["gpu_hours"]
+    assert split["on_demand"]["usd"] == od["usd"]
+    assert cost["usd"] == pytest.approx(split["spot"]["usd"] + split["on_demand"]["usd"])
+
+
+def test_preemptions_are_seeded() -> None:
+    def report(seed: int) -> str:
+        return json.dumps(run(spot_fleet(), SPOT, seed=seed, n=600).report({}))
+
+    first = report(2)
+    assert first == report(2)
+    assert json.loads(first)["faults"]["preemptions"] > 0
+    assert report(3) != first
+
+
+def test_a_fleet_without_spot_pools_is_never_preempted() -> None:
+    config = parse_fleet({"models": [{"name": POOL, "replicas": 2}]}, source="test")
+    report = run(config, SPOT, n=400).report({})
+    assert report["faults"]["preemptions"] == 0
+    assert report["cost"]["by_capacity"].keys() == {"on_demand"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("spot:per_gpu_hour=0", "fault spot: per_gpu_hour:"),
+        ("spot:per_gpu_hour=1,notice_s=-5", "fault spot: notice_s:"),
+        ("spot:notice_s=30", "fault spot: per_gpu_hour: Field required"),
+    ],
+)
+def test_a_bad_spot_fault_is_one_clear_error(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_fault(spec)
