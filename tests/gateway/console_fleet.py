@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -41,8 +42,11 @@ class ConsoleFleet:
 
 
 @contextlib.asynccontextmanager
-async def console_fleet(tmp: Path) -> AsyncIterator[ConsoleFleet]:
-    config = fleet_file(FLEET)
+async def console_fleet(
+    tmp: Path, models: list[dict[str, Any]] | None = None
+) -> AsyncIterator[ConsoleFleet]:
+    """The console's fleet (``models``: other pools, one named ``MODEL`` of 2 replicas)."""
+    config = fleet_file(FLEET if models is None else {**FLEET, "models": models})
     store = Store.open(f"sqlite:///{tmp / 'gpufleet.db'}")
     credentials = {role: store.admins.create(role, f"{role.value}-1")[1] for role in Role}
     _, tenant_key = store.create_key("team-a", TenantSettings(rpm=6000))

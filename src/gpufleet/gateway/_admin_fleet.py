@@ -6,22 +6,34 @@
                                                  operators' actions (newest last)
     GET  /admin/quotas                 viewer    each tenant's use against its quotas (auth on)
     POST /admin/replicas/{name}/drain  operator  no new requests; stopped when idle
+    POST /admin/replicas/{name}/preempt operator a preemption notice ({"notice_s": 30}):
+                                                 drained by the controller; its GPUs go
+                                                 at the deadline (docs/spot.md)
 
 A drain goes through :class:`FleetActions`, which ``gpufleet up`` implements on its local
 runtime (the same drain as a scale-in: the replica is published ``draining`` at once, the
 controller stops routing to it, and the runtime stops it once its in-flight requests are
 done); a gateway given none (a fixed list of replicas) answers 409.
+
+A preemption notice is the controller's (``Preempting``): the replica takes no new attempt
+and what is left on it moves ``spot.abandon_before`` seconds ahead of the deadline. The
+local runtime then emulates the provider (it kills the replica at the deadline and starts a
+replacement); a gateway without a runtime takes the notice alone (a node termination
+handler calls it, and the provider does the rest).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from gpufleet.control import Preempting
 from gpufleet.fleet import ReplicaId, ReplicaState
 from gpufleet.gateway._admin_routes import AdminRoute
-from gpufleet.gateway._errors import GatewayError
+from gpufleet.gateway._errors import BadRequestError, GatewayError
 from gpufleet.store import Role
 
 if TYPE_CHECKING:
@@ -34,6 +46,11 @@ class FleetActions(Protocol):
     def drain(self, pool: str, replica: ReplicaId) -> None:
         """Take ``replica`` out of ``pool``: no new requests, stopped once idle; the pool
         wants one replica fewer. ``ValueError`` (with why) when it cannot."""
+        ...
+
+    def preempt(self, pool: str, replica: ReplicaId, notice_s: float) -> None:
+        """The provider takes ``replica``'s GPUs ``notice_s`` from now: end its processes
+        then (as the provider would) and replace it. ``ValueError`` when it cannot."""
         ...
 
 
@@ -104,10 +121,53 @@ async def _drain(call: AdminCall) -> tuple[int, Any]:
     return 202, {"replica": name, "model": upstream.model, "drain": "started"}
 
 
+DEFAULT_NOTICE_S: Final = 30.0
+"""A notice's lead when the call names none: the shortest a cloud gives (30 s; others give
+up to 2 minutes)."""
+MAX_NOTICE_S: Final = 3600.0
+
+
+def _notice_s(body: bytes) -> float:
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError as error:
+        raise BadRequestError(f"the body is not valid JSON: {error}") from None
+    if not isinstance(data, dict) or data.keys() - {"notice_s"}:
+        raise BadRequestError('the body is a JSON object with at most "notice_s"')
+    notice = data.get("notice_s", DEFAULT_NOTICE_S)
+    ok = isinstance(notice, int | float) and not isinstance(notice, bool)
+    if not ok or not math.isfinite(notice) or not 0 <= notice <= MAX_NOTICE_S:
+        raise BadRequestError(f"notice_s: seconds from 0 to {MAX_NOTICE_S:g}, got {notice!r}")
+    return float(notice)
+
+
+async def _preempt(call: AdminCall) -> tuple[int, Any]:
+    (name,) = call.args
+    api = call.api
+    notice = _notice_s(call.body)
+    upstream = api.control.upstreams.get(ReplicaId(name))
+    if upstream is None:
+        raise ReplicaNotFoundError(f"no replica {name!r}")
+    if upstream.state is ReplicaState.STOPPED:
+        raise ConflictError(f"replica {name!r} is stopped")
+    if api.actions is not None:
+        try:
+            api.actions.preempt(upstream.model, upstream.name, notice)
+        except (ValueError, KeyError) as error:
+            raise ConflictError(f"cannot preempt {name!r}: {error}") from None
+    now = api.clock()  # the controller's clock too
+    api.control.handle(Preempting(upstream.model, upstream.name, now + notice))
+    text = f"{name}: preemption notice ({notice:g} s) from {call.principal.actor}"
+    api.control.timeline.add(now, "action", upstream.model, text, replica=name)
+    reclaim = "runtime" if api.actions is not None else "provider"
+    return 202, {"replica": name, "model": upstream.model, "notice_s": notice, "reclaim": reclaim}
+
+
 FLEET_ROUTES: Final = (
     AdminRoute("GET", ("fleet",), Role.VIEWER, _fleet, store=False),
     AdminRoute("GET", ("events",), Role.VIEWER, _events, store=False),
     AdminRoute("GET", ("quotas",), Role.VIEWER, _quotas),
     AdminRoute("POST", ("replicas", "{}", "drain"), Role.OPERATOR, _drain, store=False),
+    AdminRoute("POST", ("replicas", "{}", "preempt"), Role.OPERATOR, _preempt, store=False),
 )
 """The fleet's routes, after ``_admin.ROUTES`` in the gateway's table."""

@@ -93,8 +93,9 @@ class GatewayMetrics:
         )  # fmt: skip
         self.abandoned = Counter(
             p + "abandoned_attempts",
-            "Attempts ended because their replica failed its health checks (retried or "
-            "resumed elsewhere): health.active.abandon.",
+            "Attempts ended because their replica failed its health checks "
+            "(health.active.abandon) or is about to be preempted (spot.abandon_before): "
+            "retried or resumed elsewhere.",
             ["model"], registry=registry,
         )  # fmt: skip
         self.resumed_prompt_tokens = Counter(

@@ -255,6 +255,24 @@ class LocalRuntime:
         self._metrics.desired.labels(pool).set(count)
         self._changed()
 
+    def reclaim(self, name: str, after: float) -> None:
+        """The provider takes replica ``name``'s GPUs ``after`` seconds from now (a spot
+        preemption, emulated): its process group is killed then, as a node that vanishes,
+        and a replacement starts as after any crash (reason ``preempted``). ``ValueError``
+        when it has no process."""
+        replica = self._replicas.get(name)
+        if replica is None or replica.process is None:
+            raise ValueError(f"{name} has no process to take")
+        self._spawn(self._reclaim(replica, replica.launches, after), f"reclaim-{name}")
+
+    async def _reclaim(self, replica: _Replica, incarnation: int, after: float) -> None:
+        await asyncio.sleep(after)
+        process = replica.process
+        if replica.launches != incarnation or process is None:
+            return  # restarted or stopped meanwhile: the notice was the old process's
+        replica.failure = "preempted"
+        signal_group(process.pid, signal.SIGKILL)
+
     def set_standby(self, pool: str, count: int) -> None:
         """Keep ``count`` prewarmed standbys in ``pool``: started and ready, never routed
         (``ReplicaStatus.standby``), refilled in the background after each promotion."""

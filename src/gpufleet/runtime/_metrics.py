@@ -10,12 +10,13 @@ from typing import Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-CrashReason = Literal["failed_to_start", "exited", "start_timeout", "spawn_failed"]
+CrashReason = Literal["failed_to_start", "exited", "start_timeout", "spawn_failed", "preempted"]
 CRASH_REASONS: Final[tuple[CrashReason, ...]] = (
     "failed_to_start",  # exited before it answered /health
     "exited",  # exited while ready or draining
     "start_timeout",  # killed: not ready within ready_timeout_s
     "spawn_failed",  # the command could not be executed at all
+    "preempted",  # killed at a preemption notice's deadline: its GPUs were taken back
 )
 DRAIN_OUTCOMES: Final = ("drained", "drain_timeout")
 STOP_SIGNALS: Final = ("term", "kill")
