@@ -70,7 +70,7 @@ def fleet_of(capacity: str, batch_replicas: int) -> Any:
         "startup": interactive["startup"],
         "capacity": capacity,
         # the pool exists for the job: up for it, down to zero after it (no prewarm)
-        "autoscale": {"min_replicas": 0, "max_replicas": batch_replicas,
+        "autoscale": {"min_replicas": 0, "scale_to_zero": True, "max_replicas": batch_replicas,
                       "target_utilisation": 0.5, "scale_down_cooldown": 300},
     }  # fmt: skip
     day["models"] = [interactive, batch]

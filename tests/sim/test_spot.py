@@ -134,3 +134,19 @@ def test_a_fleet_without_spot_pools_is_never_preempted() -> None:
 def test_a_bad_spot_fault_is_one_clear_error(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_fault(spec)
+
+
+def test_replicas_an_autoscaler_adds_to_a_spot_pool_are_preempted_too() -> None:
+    pool = {"name": POOL, "replicas": 1, "routing": "least_request", "capacity": "spot",
+            "args": ["--max-num-seqs", "8"], "startup": {"provision": 0, "load": 5},
+            "autoscale": {"min_replicas": 1, "max_replicas": 4, "scale_to_zero": True,
+                          "stable_window": 10, "panic_window": 2}}  # fmt: skip
+    config = parse_fleet({"models": [pool]}, source="test")
+    faults = (parse_fault("spot:per_gpu_hour=150,notice_s=5,startup_s=5"),)
+    sim = FleetSimulation(config, SimOptions(seed=1, faults=faults))
+    sim.start(requests(1500, rate=15.0))
+    sim.run()
+    assert sim.check() == []
+    assert len(sim.replica_ids) > 1  # it scaled out
+    assert any(replica >= 1 for replica, _, _ in sim.faults.notices)  # an added one
+    assert sim.report({})["overall"]["failed"] == 0

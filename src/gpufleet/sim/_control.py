@@ -333,10 +333,6 @@ class SimControl:
         """What the runtime says of driver ``replica``."""
         return self.replicas.by_driver[replica].state
 
-    def model_of_replica(self, replica: int) -> str:
-        """The pool of driver ``replica``."""
-        return self.replicas.by_driver[replica].model
-
     def last_end(self, replica: int) -> float:
         return self.replicas.by_driver[replica].last_end
 

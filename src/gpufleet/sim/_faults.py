@@ -298,6 +298,7 @@ class FaultInjector:
         "_gpus",
         "_harness",
         "_mtbf",
+        "_pools",
         "_rng",
         "_routing",
         "_spot",
@@ -316,6 +317,7 @@ class FaultInjector:
         fresh: Callable[[int], ReplicaModel],
         gpus: Sequence[int],
         rng: Random,
+        pools: Sequence[str] = (),
         spot_pools: frozenset[str] = frozenset(),
     ) -> None:
         self._harness = harness
@@ -325,6 +327,8 @@ class FaultInjector:
         self._rng = rng
         self._mtbf: MtbfFault | None = None
         self._spot: SpotFault | None = None
+        self._pools = list(pools) or [""] * len(gpus)
+        """Each replica's pool, in driver order (with ``gpus``)."""
         self._spot_pools = spot_pools
         """The pools whose replicas a ``spot`` fault reclaims (``capacity: spot``)."""
         self._draws: dict[int, int] = {}
@@ -388,9 +392,11 @@ class FaultInjector:
             events.append(self._at(fault.end, off))
         return events
 
-    def replica_added(self, now: float, replica: int, gpus: int) -> None:
-        """Replica ``replica`` (``gpus`` GPUs) joined the fleet: MTBF applies to it too."""
+    def replica_added(self, now: float, replica: int, gpus: int, pool: str) -> None:
+        """Replica ``replica`` (``gpus`` GPUs) of ``pool`` joined the fleet: MTBF applies to
+        it too, and spot preemptions if ``pool`` is a spot pool."""
         self._gpus.append(gpus)
+        self._pools.append(pool)
         assert len(self._gpus) == replica + 1, (len(self._gpus), replica)
         events = [] if self._mtbf is None else [self._next_failure(now, replica)]
         events += self._next_notice(now, replica)
@@ -411,7 +417,7 @@ class FaultInjector:
         """Replica ``replica``'s next preemption notice, if it is a spot pool's (a new draw:
         any notice drawn before for it is void)."""
         spot = self._spot
-        if spot is None or self._routing.model_of_replica(replica) not in self._spot_pools:
+        if spot is None or self._pools[replica] not in self._spot_pools:
             return []
         draw = self._draws[replica] = self._draws.get(replica, 0) + 1
         rate = spot.per_gpu_hour * self._gpus[replica] / 3600.0

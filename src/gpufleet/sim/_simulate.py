@@ -187,6 +187,7 @@ class FleetSimulation:
             fresh=lambda i: ReplicaModel(configs[i]),
             gpus=gpus,
             rng=Random(f"gpufleet-faults-{options.seed}"),
+            pools=[m.name for m, n in zip(fleet.models, counts, strict=True) for _ in range(n)],
             spot_pools=frozenset(m.name for m in fleet.models if m.spot_settings is not None),
         )
         self.replica_models = [
@@ -216,7 +217,7 @@ class FleetSimulation:
         self._busy_at_sample.append(0.0)
         entry = self.fleet.model(model)
         assert entry is not None
-        self.faults.replica_added(self.now, k, entry.tp)
+        self.faults.replica_added(self.now, k, entry.tp, model)
         return k
 
     @property
