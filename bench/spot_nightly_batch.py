@@ -138,14 +138,12 @@ def plot(runs: list[dict[str, Any]]) -> None:
         t = [x / 3600 for x in timeline["t"]]
         for pool, phases in timeline["phases"].items():
             ax.step(t, phases["serving"], where="post", label=f"{pool} serving", linewidth=1.2)
-        rate = [a / timeline["interval_s"] for a in timeline["arrivals"]]
-        twin = ax.twinx()
-        twin.plot(t, rate, color="0.7", linewidth=0.6)
-        twin.set_ylabel("arrivals / s (grey)")
+        ax.step(t, timeline["gpus"], where="post", color="0.6", linewidth=0.8,
+                label="GPUs charged, both pools")  # fmt: skip
         batch = run["report"]["batch"]
         if batch["finished_s"] is not None:
             ax.axvline(batch["finished_s"] / 3600, color="k", linestyle=":", linewidth=1)
-        ax.set_ylabel("replicas")
+        ax.set_ylabel("replicas, GPUs")
         ax.set_title(f"batch pool {run['name']}: replicas serving (dotted: the batch's end)")
         ax.legend(loc="upper right", fontsize="small")
     axes[-1].set_xlabel("hour of the day")
