@@ -76,7 +76,9 @@ class GatewayMetrics:
             ["model"], registry, buckets=_OVERHEAD_BUCKETS,
         )  # fmt: skip
         self.retries = Counter(
-            p + "retries", "Attempts after a failure before the first byte.",
+            p + "retries",
+            "Attempts after a failed one: retries (the failure came before the first byte) "
+            "and stream resumes (after it), by the failure's outcome.",
             ["model", "outcome"], registry=registry,
         )  # fmt: skip
         self.resumes = Counter(
