@@ -784,9 +784,9 @@ class PoolController:
         """Whether ``replica`` failed because it is gone rather than overloaded: the
         connection was refused or reset before an answer (``CONNECT_FAILURE``), the runtime
         says its process is gone, health has taken it out, or it is under a preemption
-        notice. Retrying such a failure adds
-        no load to a struggling replica, so it does not draw on the retry budget; a timeout
-        or a 5xx from a replica still in service does (docs/design/retries.md)."""
+        notice. Retrying such a failure adds no load to a struggling replica, so it does
+        not draw on the retry budget; a timeout or a 5xx from a replica still in service
+        does (docs/design/retries.md)."""
         if outcome is Outcome.CONNECT_FAILURE or replica in self._leaving:
             return True
         seen = self._seen.get(replica)
