@@ -440,3 +440,45 @@ def test_two_names_may_fall_back_to_each_other() -> None:
 def _scraped(name: str, running: int) -> Scraped:
     loads = (ScrapedLoad(ReplicaId(f"{name}-0"), running, 0, 0.1),)
     return Scraped(name, loads)
+
+
+# -- spot variants: the batch class apart -----------------------------------------------------
+
+
+def spot_split(**spot: Any) -> FleetController:
+    """``chat`` over an on-demand pool and a spot one, both of weight 1 (no batch gate:
+    lines route at once)."""
+    control = controller(
+        [pool("od"), pool("spot", capacity="spot", **({"spot": spot} if spot else {}))],
+        [{"name": "chat", "variants": {"od": 1, "spot": 1}}],
+        gateway={"batch": {"spare": None}},
+    )
+    up(control)
+    return control
+
+
+def arrive_class(control: FleetController, rid: str, priority: int) -> Command:
+    request = RouteRequest(rid, "chat", prompt_tokens=100)
+    (route,) = control.handle(1.0, Arrived(request, priority))
+    return route
+
+
+def test_a_served_name_sends_batch_to_its_spot_variant_and_the_rest_on_demand() -> None:
+    control = spot_split()
+    interactive = {pool_of(arrive_class(control, f"i{n}", 0)) for n in range(200)}
+    batch = {pool_of(arrive_class(control, f"b{n}", 1)) for n in range(200)}
+    assert interactive == {"od"}  # weight 1 each, yet none on spot
+    assert batch == {"spot"}
+
+
+def test_a_spot_variant_open_to_interactive_work_is_an_ordinary_variant() -> None:
+    control = spot_split(interactive=True)
+    chosen = [pool_of(arrive_class(control, f"i{n}", 0)) for n in range(400)]
+    assert chosen.count("spot") / len(chosen) == pytest.approx(0.5, abs=0.1)
+
+
+def test_with_no_on_demand_weight_left_interactive_work_goes_to_spot() -> None:
+    control = spot_split()
+    control.handle(1.0, Weights("chat", (("od", 0.0),)))
+    assert pool_of(arrive_class(control, "i", 0)) == "spot"
+    assert pool_of(arrive_class(control, "b", 1)) == "spot"

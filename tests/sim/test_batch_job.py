@@ -155,13 +155,24 @@ def test_the_cli_runs_a_batch_job_on_a_spot_pool(tmp_path: Path) -> None:
         assert message in bad.output, bad.output
 
 
-def test_the_example_fleet_runs_a_batch_on_its_spot_pool() -> None:
+def test_the_example_fleet_sends_its_batch_to_spot_and_the_rest_on_demand() -> None:
+    """``examples/spot-batch.yaml``: one served name over an on-demand pool and a spot one;
+    the job names the served name, and its lines land on the spot pool, the trace's
+    requests on the other (the controller's class rule, docs/spot.md)."""
     config = load_fleet(Path(__file__).parents[2] / "examples" / "spot-batch.yaml")
-    spot = config.models[1]
+    od, spot = config.models
     assert spot.spot_settings is not None
     assert spot.usd_per_gpu_hour() == 0.60
-    job = BatchJob(lines=300, at=0.0, model=spot.name, window_s=3600.0)
+    job = BatchJob(lines=300, at=0.0, model="llama-3.1-8b", window_s=3600.0)
     sim = run(config, job, "spot:per_gpu_hour=50,notice_s=5,startup_s=10", n=200)
     report = sim.report({})
     assert report["batch"]["within_window"] is True
     assert report["cost"]["models"][spot.name]["usd_per_gpu_hour"] == 0.60
+    book = sim.tenants
+    assert book is not None
+    names = book.tenants()
+    pools = sim.replica_models
+    for row in sim.harness.recorder.log:
+        assert not row.failed
+        line = names[book.tenant_ids[row.index]] == BATCH_JOB
+        assert pools[row.replica] == (spot.name if line else od.name), row

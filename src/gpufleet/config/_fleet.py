@@ -137,6 +137,10 @@ class SpotConfig(_Strict):
     ended: a stream resumes elsewhere with what it had, a whole answer is sent again. Until
     then they run on (most finish within a notice of 30-120 s); the replica takes no new
     attempt from the notice on."""
+    interactive: bool = False
+    """Whether interactive requests may go to this pool when it is a variant of a served
+    name: by default a served name sends its ``batch`` class to its spot variants and its
+    other classes to the others (a pool named directly takes whatever it is sent)."""
 
 
 def _existing_file(path: str) -> str:

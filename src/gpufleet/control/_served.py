@@ -9,7 +9,8 @@ cannot answer. Written once, for the gateway and the simulator (both drive
                                      (only variants whose context holds the prompt and the
                                       output asked for, when one in the chain does; one no
                                       pool holds goes where it would have: its engine
-                                      answers the 400)
+                                      answers the 400; a batch request to its spot variants,
+                                      another to the others, when it has both: docs/spot.md)
     Reject(shed | expired | no_replica | hold_* | exhausted) from that pool
                            ─► Fallback ─► step 1: the next name's variant (same key) …
                            ─► the last name's Reject is the request's
@@ -28,7 +29,7 @@ from gpufleet.config import FleetConfig
 from gpufleet.control._events import Arrived, Route
 from gpufleet.control._settings import PoolSettings
 from gpufleet.fleet import RouteRequest
-from gpufleet.policy import choose_variant
+from gpufleet.policy import BATCH, choose_variant
 
 
 @dataclass(slots=True)
@@ -43,6 +44,9 @@ class ServedModel:
     """Whether a pool it can reach reads prefix hashes (only then are they computed)."""
     plain: bool
     """One variant, the pool of its own name, no fallbacks: no bookkeeping."""
+    batch_only: frozenset[str] = frozenset()
+    """Its variants that take only the ``batch`` class (spot pools, ``spot.interactive``
+    off): batch requests go to them, the others to the other variants."""
     reach: int | None = None
     """The longest context among the pools it can reach (``None``: some pool's is not
     known): a request within it (prompt and asked-for output) is sent only to variants
@@ -98,6 +102,7 @@ def served_models(fleet: FleetConfig, settings: dict[str, PoolSettings]) -> dict
                 and not route.fallbacks
             ),
             reach=None if any(c is None for c in contexts) else max(c for c in contexts if c),
+            batch_only=frozenset(v.pool for v in route.variants if settings[v.pool].batch_only),
         )
     return out
 
@@ -135,7 +140,20 @@ def choose(served: ServedModel, flight: Flight, contexts: dict[str, int | None])
         if pool not in flight.tried
         and (not flight.fit or (context := contexts[pool]) is None or need <= context)
     ]
+    if served.batch_only and candidates:
+        candidates = by_class(candidates, served.batch_only, flight.arrived.priority == BATCH)
     return choose_variant(flight.key, candidates) if candidates else None
+
+
+def by_class(
+    candidates: list[tuple[str, float]], batch_only: frozenset[str], batch: bool
+) -> list[tuple[str, float]]:
+    """A batch request's candidates are the batch-only (spot) variants, another request's
+    the others; all of them when its own side has none left of positive weight (a name
+    whose on-demand variants are weighted 0, or tried, serves interactive work on spot
+    rather than none)."""
+    own = [(p, w) for p, w in candidates if (p in batch_only) == batch and w > 0]
+    return own or candidates
 
 
 # built field by field: dataclasses.replace costs ~4 µs a call, on every such request's path

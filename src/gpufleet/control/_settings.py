@@ -47,6 +47,9 @@ class PoolSettings:
     abandon_before: float = SpotConfig().abandon_before
     """Seconds before a preemption notice's deadline at which the attempts still on the
     replica are ended (``spot.abandon_before``; any pool may get a notice)."""
+    batch_only: bool = False
+    """A spot pool that takes only the ``batch`` class as a variant of a served name
+    (``capacity: spot`` without ``spot.interactive``)."""
 
     @classmethod
     def of(
@@ -82,6 +85,7 @@ class PoolSettings:
             context=model.context_length,
             spare=gateway.batch.spare,
             abandon_before=(model.spot or SpotConfig()).abandon_before,
+            batch_only=(spot := model.spot_settings) is not None and not spot.interactive,
         )
 
     @property
