@@ -349,6 +349,10 @@ async def test_external_endpoints_are_probed_not_started_nor_stopped(tmp_path: P
             )
             assert dead.last_error == "http://127.0.0.1:9 not healthy within 0.5 s"
             assert count(rt, "replica_crashes_total", pool="ext", reason="start_timeout") >= 1
+            # a preemption notice: not ours to kill (its provider takes it), none unknown
+            assert rt.reclaim("ext-0", 0.0) is False
+            with pytest.raises(ValueError, match="no replica nope"):
+                rt.reclaim("nope", 0.0)
         assert served.pid is not None
         assert alive(served.pid)  # someone else's replica: drained from routing, not stopped
         assert owner.snapshot.replicas == (served,)

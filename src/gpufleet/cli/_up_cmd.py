@@ -151,13 +151,14 @@ class RuntimeActuator(ScaleActuator):
             raise ValueError(f"it is the last replica of {pool}")
         self._runtime.scale(status.pool, count - 1, [replica])
 
-    def preempt(self, pool: str, replica: ReplicaId, notice_s: float) -> None:
+    def preempt(self, pool: str, replica: ReplicaId, notice_s: float) -> bool:
         """A preemption notice, emulated here: the runtime kills the replica's processes
-        ``notice_s`` from now, as a provider takes its GPUs, and starts a replacement."""
+        ``notice_s`` from now, as a provider takes its GPUs, and starts a replacement
+        (``False``: an external endpoint, not ours to kill)."""
         status = self._runtime.snapshot.get(replica)
         if status is None or pool not in (status.model, status.pool):
             raise ValueError(f"{replica} is not a replica of {pool}")
-        self._runtime.reclaim(replica, notice_s)
+        return self._runtime.reclaim(replica, notice_s)
 
 
 class ClusterActuator(ScaleActuator):

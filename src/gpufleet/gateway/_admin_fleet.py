@@ -48,9 +48,10 @@ class FleetActions(Protocol):
         wants one replica fewer. ``ValueError`` (with why) when it cannot."""
         ...
 
-    def preempt(self, pool: str, replica: ReplicaId, notice_s: float) -> None:
+    def preempt(self, pool: str, replica: ReplicaId, notice_s: float) -> bool:
         """The provider takes ``replica``'s GPUs ``notice_s`` from now: end its processes
-        then (as the provider would) and replace it. ``ValueError`` when it cannot."""
+        then (as the provider would) and replace it; ``False`` when they are not ours (an
+        external endpoint). ``ValueError`` when it cannot."""
         ...
 
 
@@ -150,16 +151,17 @@ async def _preempt(call: AdminCall) -> tuple[int, Any]:
         raise ReplicaNotFoundError(f"no replica {name!r}")
     if upstream.state is ReplicaState.STOPPED:
         raise ConflictError(f"replica {name!r} is stopped")
+    ours = False
     if api.actions is not None:
         try:
-            api.actions.preempt(upstream.model, upstream.name, notice)
+            ours = api.actions.preempt(upstream.model, upstream.name, notice)
         except (ValueError, KeyError) as error:
             raise ConflictError(f"cannot preempt {name!r}: {error}") from None
     now = api.clock()  # the controller's clock too
     api.control.handle(Preempting(upstream.model, upstream.name, now + notice))
     text = f"{name}: preemption notice ({notice:g} s) from {call.principal.actor}"
     api.control.timeline.add(now, "action", upstream.model, text, replica=name)
-    reclaim = "runtime" if api.actions is not None else "provider"
+    reclaim = "runtime" if ours else "provider"
     return 202, {"replica": name, "model": upstream.model, "notice_s": notice, "reclaim": reclaim}
 
 

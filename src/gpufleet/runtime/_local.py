@@ -255,15 +255,21 @@ class LocalRuntime:
         self._metrics.desired.labels(pool).set(count)
         self._changed()
 
-    def reclaim(self, name: str, after: float) -> None:
+    def reclaim(self, name: str, after: float) -> bool:
         """The provider takes replica ``name``'s GPUs ``after`` seconds from now (a spot
         preemption, emulated): its process group is killed then, as a node that vanishes,
-        and a replacement starts as after any crash (reason ``preempted``). ``ValueError``
-        when it has no process."""
+        and a replacement starts as after any crash (reason ``preempted``). ``False``: an
+        external endpoint, which someone else runs (its provider takes it). ``ValueError``
+        when it is unknown or has no process now."""
         replica = self._replicas.get(name)
-        if replica is None or replica.process is None:
+        if replica is None:
+            raise ValueError(f"no replica {name}")
+        if replica.spec.engine.kind is EngineKind.EXTERNAL:
+            return False
+        if replica.process is None:
             raise ValueError(f"{name} has no process to take")
         self._spawn(self._reclaim(replica, replica.launches, after), f"reclaim-{name}")
+        return True
 
     async def _reclaim(self, replica: _Replica, incarnation: int, after: float) -> None:
         await asyncio.sleep(after)
