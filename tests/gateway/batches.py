@@ -98,16 +98,22 @@ def serve_batch_gateway(
     *,
     store: Store | None = None,
     record: IO[str] | None = None,
+    pools: Sequence[str] | None = None,
 ) -> Iterator[BatchGateway]:
     """A gateway over ``urls`` with a store (``store``, else its own SQLite file in ``tmp``):
-    with auth on (``config.tenants.auth``) the tenancy's, its journal in ``tmp/journal``."""
+    with auth on (``config.tenants.auth``) the tenancy's, its journal in ``tmp/journal``.
+    ``pools``: each URL's pool (default: all ``MODEL``'s), its replica ``<pool>-<i>``."""
     own = store is None
     store = store or Store.open(f"sqlite:///{tmp / 'gpufleet.db'}")
     tenancy = None
     if config.tenants.auth:
         journal = store.journal(tmp / "journal", flush_interval=0.02)
         tenancy = Tenancy(config, store, journal=journal)
-    replicas = [Upstream(ReplicaId(f"{MODEL}-{i}"), MODEL, url) for i, url in enumerate(urls)]
+    names = pools or [MODEL] * len(urls)
+    replicas = [
+        Upstream(ReplicaId(f"{pool}-{i}"), pool, url)
+        for i, (pool, url) in enumerate(zip(names, urls, strict=True))
+    ]
     registry = CollectorRegistry()
     app = create_gateway(
         config, StaticReplicas(replicas), registry, store=store, tenancy=tenancy, record=record

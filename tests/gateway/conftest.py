@@ -85,9 +85,13 @@ def serve_app(
 
 
 @contextmanager
-def sim_replica(faults: FaultConfig | None = None, seed: int = 0) -> Iterator[str]:
+def sim_replica(
+    faults: FaultConfig | None = None, seed: int = 0, name: str | None = None
+) -> Iterator[str]:
+    """A sim engine (``name``: the model name it serves, default its own)."""
+    named = {} if name is None else {"served_model_name": name}
     config = SimEngineConfig(
-        time_scale=FAST, max_model_len=4096, seed=seed, faults=faults or FaultConfig()
+        time_scale=FAST, max_model_len=4096, seed=seed, faults=faults or FaultConfig(), **named
     )
     with serve_app(create_app(config)) as url:
         yield url

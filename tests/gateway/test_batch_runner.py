@@ -280,3 +280,39 @@ def test_two_gateways_on_one_store_run_each_line_once(tmp_path: Path, shared_url
             store.close()
         if shared_url.startswith("postgres"):
             create_engine(database_url(shared_url)).dispose()
+
+
+def test_a_batch_to_a_served_name_runs_on_its_spot_variant(tmp_path: Path) -> None:
+    """One name over an on-demand pool and a spot one (docs/spot.md, "Batch to spot, by
+    class"): the batch's lines, in the batch class, go to the spot pool; the same tenant's
+    interactive requests to the other."""
+    config = parse_fleet(
+        {
+            "models": [
+                {"name": "od", "model": MODEL, "replicas": 1, "routing": "least_request"},
+                {"name": "spot", "model": MODEL, "replicas": 1, "routing": "least_request",
+                 "capacity": "spot"},
+            ],
+            "served": [{"name": "chat", "variants": {"od": 1, "spot": 1}}],
+            "gateway": {"batch": {"poll_interval": 0.1, "max_backoff": 0.2}},
+            "tenants": {"auth": True, "refresh_interval": 0.2},
+        }
+    )  # fmt: skip
+    with (
+        sim_replica(seed=1, name="od") as a,
+        sim_replica(seed=2, name="spot") as b,
+        serve_batch_gateway(tmp_path, config, [a, b], pools=["od", "spot"]) as gw,
+    ):
+        key = key_for(gw, "team-a", TenantSettings(priority="interactive"))
+        with openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0) as client:
+            batch_id = start(client, input_lines(20, model="chat"))
+            for i in range(10):
+                answer = client.chat.completions.create(
+                    model="chat", messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=2
+                )
+                assert answer.choices
+            assert wait_ended(client, batch_id).status == "completed"
+            check_every_line_once(client, batch_id, 20)
+        attempts = "gpufleet:gateway_upstream_attempts_total"
+        assert gw.sample(attempts, replica="spot-1", outcome="success") == 20
+        assert gw.sample(attempts, replica="od-0", outcome="success") == 10
