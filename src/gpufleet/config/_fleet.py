@@ -48,6 +48,7 @@ from gpufleet.policy import (
     AdmissionConfig,
     AutoscaleConfig,
     HealthConfig,
+    LoraConfig,
     PrefixAwareConfig,
     ResidencyConfig,
     RolloutConfig,
@@ -220,6 +221,9 @@ class ModelConfig(_Strict):
     spot: SpotConfig | None = None
     """A spot pool's price and notice handling (``capacity: spot`` only; default
     :class:`SpotConfig`)."""
+    lora: LoraConfig | None = None
+    """LoRA adapters served on this pool's replicas, each under its own name, loaded on
+    demand and placed by affinity (docs/residency.md, "LoRA adapters")."""
     fallbacks: tuple[str, ...] = ()
     """Served names to try next, in order, when this pool cannot answer (every attempt
     failed with a 5xx or a timeout, the pool shed the request or has no replica) or the
@@ -774,6 +778,15 @@ class FleetConfig(_Strict):
                     f"model {name!r}: fallbacks: the pool is a variant of {variants[name]!r}; "
                     "write its fallbacks on that served entry"
                 )
+        names_so_far = set(pools) | explicit
+        for model in self.models:
+            for adapter in model.lora.adapters if model.lora is not None else ():
+                if adapter.name in names_so_far:
+                    raise ValueError(
+                        f"model {model.name!r}: lora: adapter {adapter.name!r} is already a "
+                        "pool, a served name or another adapter"
+                    )
+                names_so_far.add(adapter.name)
         routes = self.served_names()
         names = [r.name for r in routes]
         for route in routes:
@@ -796,7 +809,8 @@ class FleetConfig(_Strict):
     def served_names(self) -> tuple[ServedConfig, ...]:
         """Every name the gateway serves: the ``served`` entries, then each pool that no
         entry lists as a variant, under its own name (one variant of weight 1, the pool's
-        ``fallbacks``), in the file's order. The first is what the simulator sends a trace's
+        ``fallbacks``), in the file's order, then the pools' LoRA adapters (each over its
+        pool). The first is what the simulator sends a trace's
         requests that name no model to."""
         listed = {v.pool for entry in self.served for v in entry.variants}
         own = tuple(
@@ -804,7 +818,19 @@ class FleetConfig(_Strict):
             for m in self.models
             if m.name not in listed
         )
-        return self.served + own
+        adapters = tuple(
+            ServedConfig(name=a.name, variants=(VariantConfig(pool=m.name),))
+            for m in self.models
+            if m.lora is not None
+            for a in m.lora.adapters
+        )
+        return self.served + own + adapters
+
+    def adapters(self) -> dict[str, str]:
+        """Every LoRA adapter's served name, and the pool that serves it."""
+        return {
+            a.name: m.name for m in self.models if m.lora is not None for a in m.lora.adapters
+        }
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

@@ -282,7 +282,10 @@ class Route:
     ``matched`` say how the router chose, ``held`` that it waited for a replica at an empty
     pool first (metrics). ``model``: the pool (a variant, or a fallback's) of a request whose
     served name is not simply one pool's own; empty for the others (the served name is the
-    pool). The shell sends the pool's engines the pool's name as ``model``."""
+    pool). The shell sends the pool's engines the pool's name as ``model`` (a LoRA
+    adapter's request: the adapter's name). ``load``: the LoRA adapter the replica loads
+    before it takes the request (``POST /v1/load_lora_adapter``); a request for an adapter
+    whose load on that replica is still under way waits for it."""
 
     request_id: str
     replica: ReplicaId
@@ -293,6 +296,7 @@ class Route:
     held: bool = False
     resume: bool = False
     model: str = ""
+    load: str = ""
 
 
 class RejectReason:
@@ -404,6 +408,16 @@ class Abandon:
     request_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class UnloadAdapter:
+    """Unload LoRA adapter ``adapter`` from ``replica`` (``POST /v1/unload_lora_adapter``):
+    no request for it is in flight there, and a load the same instant needs its slot."""
+
+    model: str
+    replica: ReplicaId
+    adapter: str
+
+
 Command = (
     Route
     | Reject
@@ -416,6 +430,7 @@ Command = (
     | Wake
     | KvResync
     | Abandon
+    | UnloadAdapter
 )
 
 # -- JSON -------------------------------------------------------------------------------------
@@ -632,12 +647,16 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
 def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - one match
     """The command as a JSON-ready dict: the decision log's line."""
     match command:
-        case Route(request_id=rid, replica=replica, retry=retry, resume=resume, model=model):
+        case Route(
+            request_id=rid, replica=replica, retry=retry, resume=resume, model=model, load=load
+        ):
             line: dict[str, Any] = {"do": "route", "id": rid, "replica": replica, "retry": retry}
             if resume:  # absent: not a resume (and recordings made before resumes)
                 line["resume"] = True
             if model:  # absent: the served name is the pool (and recordings made before)
                 line["model"] = model
+            if load:  # absent: no adapter to load first
+                line["load"] = load
             return line
         case Reject(request_id=rid, reason=reason, budget=budget, model=model):
             line = {"do": "reject", "id": rid, "reason": reason, "budget": budget}
@@ -678,4 +697,6 @@ def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911, PLR09
             return {"do": "kv_resync", "model": model, "replica": replica, "from": from_seq}
         case Abandon(model=model, replica=replica, request_ids=ids):
             return {"do": "abandon", "model": model, "replica": replica, "ids": list(ids)}
+        case UnloadAdapter(model=model, replica=replica, adapter=adapter):
+            return {"do": "unload_adapter", "model": model, "replica": replica, "adapter": adapter}
     raise TypeError(f"not a command: {command!r}")

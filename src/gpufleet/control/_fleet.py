@@ -337,7 +337,7 @@ class FleetController:
             flight.step, flight.name, flight.pool = step, served.name, pool
             flight.tried.append(pool)
             if request.model != pool:
-                arrived = in_pool(arrived, pool)
+                arrived = in_pool(arrived, pool, served.name if served.adapter else None)
             out.extend(self._follow(now, self.pools[pool].handle(now, arrived)))
             return True
         return False

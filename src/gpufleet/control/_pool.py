@@ -38,12 +38,13 @@ A request's life (conserved: every ``Arrived`` ends in exactly one final command
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain, count
 from random import Random
 from typing import Any, Final
 
+from gpufleet.control._adapters import PoolAdapters
 from gpufleet.control._events import (
     Abandon,
     Arrived,
@@ -67,6 +68,7 @@ from gpufleet.control._events import (
     Scraped,
     Standbys,
     Tick,
+    UnloadAdapter,
 )
 from gpufleet.control._settings import PoolSettings
 from gpufleet.fleet import (
@@ -205,6 +207,8 @@ class PoolController:
             if settings.autoscale is None
             else AutoscalePolicy(settings.autoscale, settings.max_num_seqs)
         )
+        self.adapters = None if settings.lora is None else PoolAdapters(settings.lora)
+        """Its LoRA adapters on its replicas (``None``: it serves none)."""
         self.spare = None if settings.spare is None else SpareCapacity(settings.spare)
         """The gate of the batch class (docs/batch.md, "Spare capacity")."""
         self.batch_in_flight = 0
@@ -443,8 +447,11 @@ class PoolController:
                 self._restarted.add(r.id)  # a new process: its checks start over
                 if self._leaving:
                     self._leaving.pop(r.id, None)  # a new node: the notice was the old one's
-            if self._kv is not None and was is not None and was.incarnation != r.incarnation:
-                self._kv.restarted(r.id, r.incarnation)  # its cache is gone with its process
+            if was is not None and was.incarnation != r.incarnation:
+                if self._kv is not None:
+                    self._kv.restarted(r.id, r.incarnation)  # its cache is gone with its process
+                if self.adapters is not None:
+                    self.adapters.forget(r.id)  # and its adapters
             if (
                 r.state is ReplicaState.READY
                 and r.incarnation is not None
@@ -453,6 +460,8 @@ class PoolController:
                 checked.append(r.id)  # the runtime just saw this process answer /health
         for gone in old.keys() - fresh.keys():
             self._leaving.pop(gone, None)
+            if self.adapters is not None:
+                self.adapters.forget(gone)
             if self._kv is not None:
                 self._kv.forget(gone)
             self._loads.pop(gone, None)
@@ -557,6 +566,8 @@ class PoolController:
     def _arrived(self, now: float, event: Arrived, out: list[Command]) -> None:
         request = event.request
         self.counters.arrived += 1
+        if request.adapter is not None and self.adapters is not None:
+            self.adapters.arrived(now, request.adapter)
         self._scale_arrivals += 1
         admission = self.admission
         if self.spare is not None and event.priority == BATCH:
@@ -708,7 +719,11 @@ class PoolController:
         self.counters.routed += 1
         tiers = ranking.tiers
         order = tiers[0] if len(tiers) == 1 else tuple(chain.from_iterable(tiers))
-        candidates = list(filter(self._reachable.__contains__, order[: self._tries]))
+        adapter = req.request.adapter
+        if adapter is not None and self.adapters is not None:
+            candidates = self._adapter_candidates(now, adapter, order)
+        else:
+            candidates = list(filter(self._reachable.__contains__, order[: self._tries]))
         if not candidates:
             if not ranking.tiers and self.settings.hold_requests > 0 and self._coming():
                 self._hold(now, req, out)
@@ -723,9 +738,25 @@ class PoolController:
         if held:
             self.counters.hold_served += 1
         req.candidates = candidates
-        self._start(now, req, replica, retry=False)
+        load = self._start(now, req, replica, out, retry=False)
         rid = req.request.request_id
-        out.append(Route(rid, replica, False, ranking.policy, ranking.panic, matched, held))
+        out.append(
+            Route(rid, replica, False, ranking.policy, ranking.panic, matched, held, load=load)
+        )
+
+    def _adapter_candidates(
+        self, now: float, adapter: str, order: Sequence[ReplicaId]
+    ) -> list[ReplicaId]:
+        """A LoRA adapter's request: the replica adapter placement picks among the reachable
+        ones of the ranking (a holder, or where it loads), then the ranking's next."""
+        adapters = self.adapters
+        assert adapters is not None
+        reach = list(filter(self._reachable.__contains__, order))
+        placed = adapters.place(now, adapter, reach, self.attempts)
+        if placed is None:
+            return []
+        first = placed.replica
+        return [first, *(r for r in reach if r != first)][: self._tries]
 
     def _coming(self) -> bool:
         """Whether a routable replica may be on its way: the pool is autoscaled (it scales
@@ -739,12 +770,24 @@ class PoolController:
             for view in self.view.replicas()
         )
 
-    def _start(self, now: float, req: _Request, replica: ReplicaId, *, retry: bool) -> None:
+    def _start(
+        self, now: float, req: _Request, replica: ReplicaId, out: list[Command], *, retry: bool
+    ) -> str:
+        """An attempt starts on ``replica``; the adapter it loads there first (``""``: none;
+        an adapter evicted to make room is unloaded first, into ``out``)."""
         req.phase, req.replica, req.retry = _ROUTED, replica, retry
         if retry:
             self.active_retries += 1
         self.attempts[replica] = self.attempts.get(replica, 0) + 1
-        self.router.on_request_start(now, req.request, replica)
+        request = req.request
+        self.router.on_request_start(now, request, replica)
+        adapter = request.adapter
+        if adapter is None or self.adapters is None:
+            return ""
+        load, evict = self.adapters.start(now, replica, adapter)
+        if evict is not None:
+            out.append(UnloadAdapter(self.model, replica, evict))
+        return adapter if load else ""
 
     def _end_attempt(self, now: float, req: _Request, outcome: Outcome) -> bool:
         """The attempt in flight ended; whether health wants a decision now."""
@@ -759,7 +802,10 @@ class PoolController:
             self.attempts[replica] = n
         else:
             del self.attempts[replica]
-        self.router.on_request_end(now, req.request, replica, outcome)
+        request = req.request
+        self.router.on_request_end(now, request, replica, outcome)
+        if request.adapter is not None and self.adapters is not None:
+            self.adapters.end(replica, request.adapter)
         if replica in self._seen:
             return self.health.finished(now, replica, outcome)
         return False
@@ -831,8 +877,8 @@ class PoolController:
         self.counters.retries += 1
         if free:
             self.counters.free_retries += 1
-        self._start(now, req, replica, retry=not free)
-        out.append(Route(req.request.request_id, replica, True, "", panic, 0))
+        load = self._start(now, req, replica, out, retry=not free)
+        out.append(Route(req.request.request_id, replica, True, "", panic, 0, load=load))
 
     def _next_candidate(
         self, now: float, req: _Request, tried: list[ReplicaId]
@@ -875,11 +921,10 @@ class PoolController:
                     req.resumes += 1
                     self.counters.resumes += 1
                     req.candidates = []
-                    self._start(now, req, replica, retry=False)
+                    load = self._start(now, req, replica, out, retry=False)
                     rid = req.request.request_id
-                    out.append(
-                        Route(rid, replica, False, ranking.policy, ranking.panic, resume=True)
-                    )
+                    policy, panic = ranking.policy, ranking.panic
+                    out.append(Route(rid, replica, False, policy, panic, resume=True, load=load))
                     return
         self.counters.broken += 1
         self._finish(req, RejectReason.BROKEN, out)

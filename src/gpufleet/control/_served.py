@@ -51,6 +51,9 @@ class ServedModel:
     """The longest context among the pools it can reach (``None``: some pool's is not
     known): a request within it (prompt and asked-for output) is sent only to variants
     whose context holds it."""
+    adapter: bool = False
+    """It is a LoRA adapter of its one variant (pool): its requests go there as requests
+    for the adapter (``RouteRequest.adapter``)."""
     arrived: int = 0
     """Requests that named it (counted for the names that are not plain)."""
     chosen: dict[str, int] = field(default_factory=dict)
@@ -86,6 +89,7 @@ def served_models(fleet: FleetConfig, settings: dict[str, PoolSettings]) -> dict
     """Every served name of ``fleet`` (``FleetConfig.served_names``), over pools with
     ``settings``."""
     routes = fleet.served_names()
+    adapters = fleet.adapters()
     by_name = {r.name: r for r in routes}
     out: dict[str, ServedModel] = {}
     for route in routes:
@@ -103,6 +107,7 @@ def served_models(fleet: FleetConfig, settings: dict[str, PoolSettings]) -> dict
             ),
             reach=None if any(c is None for c in contexts) else max(c for c in contexts if c),
             batch_only=frozenset(v.pool for v in route.variants if settings[v.pool].batch_only),
+            adapter=route.name in adapters,
         )
     return out
 
@@ -159,8 +164,9 @@ def by_class(
 # built field by field: dataclasses.replace costs ~4 µs a call, on every such request's path
 
 
-def in_pool(arrived: Arrived, pool: str) -> Arrived:
-    """``arrived`` as the pool sees it: the request under the pool's name."""
+def in_pool(arrived: Arrived, pool: str, adapter: str | None = None) -> Arrived:
+    """``arrived`` as the pool sees it: the request under the pool's name (asking for
+    ``adapter``, a LoRA adapter the pool serves)."""
     r = arrived.request
     request = RouteRequest(
         r.request_id,
@@ -171,6 +177,7 @@ def in_pool(arrived: Arrived, pool: str) -> Arrived:
         r.tenant,
         r.max_tokens,
         r.block_hashes,
+        adapter,
     )
     return Arrived(request, arrived.priority, arrived.weight, arrived.deadline, arrived.resumable)
 
@@ -187,4 +194,5 @@ def route_in(route: Route, pool: str) -> Route:
         route.held,
         route.resume,
         pool,
+        route.load,
     )

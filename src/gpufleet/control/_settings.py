@@ -10,6 +10,7 @@ from gpufleet.policy import (
     AutoscaleConfig,
     HealthConfig,
     KVAwareConfig,
+    LoraConfig,
     PrecisePrefixConfig,
     PrefixSettings,
     RouterConfig,
@@ -47,6 +48,8 @@ class PoolSettings:
     abandon_before: float = SpotConfig().abandon_before
     """Seconds before a preemption notice's deadline at which the attempts still on the
     replica are ended (``spot.abandon_before``; any pool may get a notice)."""
+    lora: LoraConfig | None = None
+    """The pool's LoRA adapters and their placement (``None``: it serves none)."""
     batch_only: bool = False
     """A spot pool that takes only the ``batch`` class as a variant of a served name
     (``capacity: spot`` without ``spot.interactive``)."""
@@ -86,6 +89,7 @@ class PoolSettings:
             spare=gateway.batch.spare,
             abandon_before=(model.spot or SpotConfig()).abandon_before,
             batch_only=(spot := model.spot_settings) is not None and not spot.interactive,
+            lora=model.lora,
         )
 
     @property

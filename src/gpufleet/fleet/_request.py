@@ -39,6 +39,9 @@ class RouteRequest:
     """The engine's own block hashes of the prompt (its tokens, its block size, chained and
     seeded as the engine does; 64-bit integers as its KV events carry them), when the shell
     can compute them: what a router indexing KV events matches (docs/kv-events.md)."""
+    adapter: str | None = None
+    """The LoRA adapter it asks for (its served name), when ``model`` is the adapter's base
+    pool: the controller places it on a replica that holds the adapter, or loads it."""
 
 
 def text_prefix_hashes(text: str, block_chars: int = 512, max_blocks: int = 256) -> tuple[int, ...]:

@@ -9,6 +9,14 @@ from gpufleet.perf._calibration import (
     load_calibration,
 )
 from gpufleet.perf._dtype import KV_DTYPES, Dtype, parse_dtype
+from gpufleet.perf._lora import (
+    ALL_LINEAR,
+    ATTENTION,
+    LOAD_OVERHEAD_S,
+    UNLOAD_S,
+    lora_bytes,
+    lora_load_seconds,
+)
 from gpufleet.perf._memory import (
     GIB,
     EngineLimits,
@@ -29,10 +37,14 @@ from gpufleet.perf._residency import (
 from gpufleet.perf._step import BatchShape, Bound, StepTime, StepTimeModel
 
 __all__ = [
+    "ALL_LINEAR",
+    "ATTENTION",
     "GIB",
     "KV_DTYPES",
+    "LOAD_OVERHEAD_S",
     "PINNED_COPY_EFFICIENCY",
     "STORAGE_GB_S",
+    "UNLOAD_S",
     "BatchShape",
     "Bound",
     "Calibration",
@@ -51,6 +63,8 @@ __all__ = [
     "efficiency_for",
     "kv_bytes_per_token",
     "load_calibration",
+    "lora_bytes",
+    "lora_load_seconds",
     "memory_plan",
     "parse_dtype",
     "residency_times",

@@ -80,6 +80,7 @@ from gpufleet.policy._health import (
     ReplicaHealth,
 )
 from gpufleet.policy._kv_index import FeedSnapshot, KvBlockIndex
+from gpufleet.policy._lora import AdapterConfig, LoraConfig, Placement, load_on, place_adapter
 from gpufleet.policy._precise import PrecisePrefixRouter, PreciseSnapshot
 from gpufleet.policy._prefix import PrefixAwareRouter, PrefixIndex
 from gpufleet.policy._probe import ProbeState, ProbeStatus
@@ -152,6 +153,7 @@ __all__ = [
     "ROUTER_POLICIES",
     "TERMINAL_ROLLOUT",
     "ActiveCheckConfig",
+    "AdapterConfig",
     "AdmissionConfig",
     "AnalysisConfig",
     "AutoscaleConfig",
@@ -177,7 +179,9 @@ __all__ = [
     "KvBlockIndex",
     "LeastRequestConfig",
     "LeastRequestRouter",
+    "LoraConfig",
     "OutlierConfig",
+    "Placement",
     "PoolAdmission",
     "PoolDemand",
     "PoolGauge",
@@ -239,10 +243,12 @@ __all__ = [
     "ejection_time",
     "in_panic",
     "kv_scores",
+    "load_on",
     "make_router",
     "mann_whitney_greater",
     "p99",
     "parse_router_config",
+    "place_adapter",
     "pool_saturated",
     "pool_utilisation",
     "redundancy",

@@ -1,0 +1,188 @@
+"""LoRA adapters in the controller (L0, explicit ``now``): a request for an adapter goes to a
+replica that holds it, within a load guard; a load evicts the least valuable idle adapter,
+never one in flight; a restarted replica holds none; the fleet file's rules; replay."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from gpufleet.config import FleetFileError, parse_fleet
+from gpufleet.control import (
+    Arrived,
+    Finished,
+    FleetController,
+    Replicas,
+    ReplicaSeen,
+    Route,
+    UnloadAdapter,
+    command_to_json,
+    read_recording,
+    replay,
+)
+from gpufleet.fleet import Outcome, ReplicaId, ReplicaState, RouteRequest
+from gpufleet.policy import LoraConfig, place_adapter
+from tests.control.test_pool_controller import POOL, up
+
+
+def lora_fleet(
+    adapters: int = 6, replicas: int = 3, **lora: object
+) -> tuple[FleetController, list[str]]:
+    names = [f"ad-{i}" for i in range(adapters)]
+    config: dict[str, object] = {
+        "max_loras": 2,
+        "adapters": [{"name": n, "path": f"/adapters/{n}"} for n in names],
+        **lora,
+    }
+    model = {"name": POOL, "replicas": replicas, "routing": "least_request", "lora": config}
+    return FleetController.of(parse_fleet({"models": [model]})), names
+
+
+def ask(control: FleetController, now: float, rid: str, model: str) -> tuple[Route, list[object]]:
+    out = control.handle(now, Arrived(RouteRequest(rid, model, prompt_tokens=100)))
+    (route,) = [c for c in out if isinstance(c, Route)]
+    return route, [c for c in out if isinstance(c, UnloadAdapter)]
+
+
+def done(control: FleetController, now: float, rid: str) -> None:
+    control.handle(now, Finished(POOL, rid, Outcome.SUCCESS))
+
+
+def test_an_adapter_is_loaded_once_then_its_requests_go_where_it_is() -> None:
+    control, (a, *_) = lora_fleet()
+    up(control, 0.0, 3)
+    first, _ = ask(control, 1.0, "r0", a)
+    assert first.load == a  # nobody holds it: the router's pick loads it
+    assert first.model == POOL  # sent to the pool (the shell names the adapter to the engine)
+    done(control, 1.5, "r0")
+    for i in range(1, 6):
+        route, unloads = ask(control, 2.0 + i, f"r{i}", a)
+        assert (route.replica, route.load, unloads) == (first.replica, "", [])
+        done(control, 2.5 + i, f"r{i}")
+    adapters = control.pools[POOL].adapters
+    assert adapters is not None
+    assert (adapters.counters.loads, adapters.counters.requests) == (1, 6)
+
+
+def test_a_busy_holder_past_the_load_guard_gets_a_second_copy_elsewhere() -> None:
+    control, (a, *_) = lora_fleet(load_guard=2)
+    up(control, 0.0, 3)
+    routes = [ask(control, 1.0, f"r{i}", a)[0] for i in range(8)]  # none ends
+    by_replica = {r.replica for r in routes}
+    loads = [r for r in routes if r.load]
+    # 8 in flight over 3 replicas with a guard of 2: the adapter spread to every replica
+    assert len(by_replica) == 3
+    assert len(loads) == 3
+    counts = [sum(r.replica == x for r in routes) for x in by_replica]
+    assert max(counts) - min(counts) <= 3  # within the guard (+1 for the one just sent)
+
+
+def test_without_affinity_the_router_pick_loads_it_every_time_it_lacks_it() -> None:
+    control, names = lora_fleet(affinity=False)
+    up(control, 0.0, 3)
+    loads_affinity, loads_any = 0, 0
+    for i in range(30):  # one at a time: least_request rotates among idle replicas
+        route, _ = ask(control, 1.0 + i, f"r{i}", names[i % 3])
+        loads_any += bool(route.load)
+        done(control, 1.5 + i, f"r{i}")
+    control2, names2 = lora_fleet(affinity=True)
+    up(control2, 0.0, 3)
+    for i in range(30):
+        route, _ = ask(control2, 1.0 + i, f"r{i}", names2[i % 3])
+        loads_affinity += bool(route.load)
+        done(control2, 1.5 + i, f"r{i}")
+    assert loads_affinity == 3  # each adapter once
+    assert loads_any > 3 * loads_affinity
+
+
+def test_a_load_evicts_the_least_valuable_idle_adapter_never_one_in_flight() -> None:
+    control, names = lora_fleet(replicas=1)
+    up(control, 0.0, 1)
+    hot, cold, new = names[0], names[1], names[2]
+    for i in range(5):  # hot asked 5 times, cold once: both held (max_loras 2)
+        ask(control, 1.0 + i * 0.1, f"h{i}", hot)
+        done(control, 1.05 + i * 0.1, f"h{i}")
+    ask(control, 2.0, "c0", cold)
+    done(control, 2.1, "c0")
+    # hot is the least recently used, but cold is worth less: cold goes
+    route, unloads = ask(control, 3.0, "n0", new)
+    assert route.load == new
+    assert unloads == [UnloadAdapter(POOL, ReplicaId(f"{POOL}-0"), cold)]
+    # both held adapters busy now (n0 in flight, hot asked again): a third load goes over
+    # the cap instead of evicting one in flight
+    ask(control, 3.1, "h9", hot)
+    route, unloads = ask(control, 3.2, "c1", cold)
+    assert (route.load, unloads) == (cold, [])
+    adapters = control.pools[POOL].adapters
+    assert adapters is not None
+    assert adapters.counters.over_cap == 1
+    assert set(adapters.held()[ReplicaId(f"{POOL}-0")]) == {hot, new, cold}
+    for rid in ("n0", "h9", "c1"):
+        done(control, 4.0, rid)
+    # the next load there evicts back down (one, the least valuable idle one)
+    route, unloads = ask(control, 5.0, "x0", names[3])
+    assert route.load == names[3]
+    assert len(unloads) == 1
+
+
+def test_a_restarted_replica_holds_no_adapter() -> None:
+    control, (a, *_) = lora_fleet(replicas=1)
+    up(control, 0.0, 1)
+    first, _ = ask(control, 1.0, "r0", a)
+    done(control, 1.1, "r0")
+    assert first.load == a
+    control.handle(
+        2.0, Replicas(POOL, (ReplicaSeen(ReplicaId(f"{POOL}-0"), ReplicaState.READY, "b"),))
+    )
+    up(control, 2.0, 1, incarnation="b")
+    again, _ = ask(control, 3.0, "r1", a)
+    assert again.load == a  # the new process must load it again
+
+
+def test_placement_prefers_a_free_slot_and_a_holder_within_the_guard() -> None:
+    config = LoraConfig(max_loras=1, load_guard=1)
+    r0, r1, r2 = ReplicaId("p-0"), ReplicaId("p-1"), ReplicaId("p-2")
+    slots = {r0: {"x": 0}, r1: {}, r2: {"a": 0}}
+    placed = place_adapter("a", [r0, r1, r2], slots, {r2: 1}, value=lambda _: 1.0, config=config)
+    assert placed is not None and (placed.replica, placed.load) == (r2, False)  # within guard
+    placed = place_adapter("a", [r0, r1, r2], slots, {r2: 5}, value=lambda _: 1.0, config=config)
+    # the holder is 5 busier than the least busy: a new copy, on the free slot, not on r0
+    assert placed is not None and (placed.replica, placed.load, placed.evict) == (r1, True, None)
+    assert place_adapter("a", [], slots, {}, value=lambda _: 1.0, config=config) is None
+
+
+def test_adapter_names_are_served_names_and_the_fleet_file_checks_them() -> None:
+    control, names = lora_fleet(adapters=2)
+    assert set(names) <= set(control.served)
+    with pytest.raises(FleetFileError, match="already a pool"):
+        parse_fleet(
+            {"models": [{"name": POOL, "lora": {"adapters": [{"name": POOL, "path": "/x"}]}}]}
+        )
+    with pytest.raises(FleetFileError, match="above max_lora_rank"):
+        parse_fleet(
+            {
+                "models": [
+                    {"name": POOL, "lora": {"adapters": [{"name": "a", "path": "/x", "rank": 64}]}}
+                ]
+            }
+        )
+
+
+def test_a_recording_of_adapter_placement_replays_to_the_same_commands() -> None:
+    control, names = lora_fleet(replicas=2, load_guard=1)
+    recording = io.StringIO()
+    control.record(recording)
+    up(control, 0.0, 2)
+    for i in range(40):
+        ask(control, 1.0 + i * 0.05, f"r{i}", names[(i * 7) % 5])
+        if i >= 3:
+            done(control, 1.0 + i * 0.05, f"r{i - 3}")
+    head, lines = read_recording(io.StringIO(recording.getvalue()).readlines())
+    n = 0
+    for line, commands in replay(head, lines):
+        assert commands == line.commands
+        n += 1
+    assert n > 40
+    assert any('"unload_adapter"' in text for text in recording.getvalue().splitlines())
+    assert command_to_json(UnloadAdapter(POOL, ReplicaId("x"), "a"))["do"] == "unload_adapter"
