@@ -33,6 +33,7 @@ FIELDS = [
     "stop", "stream", "stream_options", "user", "temperature", "top_p", "priority", "seed",
     "input", "encoding_format", "dimensions", "instructions", "max_output_tokens", "tokens",
     "add_special_tokens", "add_generation_prompt", "return_token_strs", "background",
+    "lora_name", "lora_path", "load_inplace",
 ]  # fmt: skip
 VALID = {
     "/v1/chat/completions": {
@@ -46,6 +47,8 @@ VALID = {
     "/v1/responses": {"model": "llama-3.1-8b", "input": "hello there", "max_output_tokens": 4},
     "/tokenize": {"model": "llama-3.1-8b", "prompt": "hello there"},
     "/detokenize": {"model": "llama-3.1-8b", "tokens": [1, 2, 3]},
+    "/v1/load_lora_adapter": {"lora_name": "chat", "lora_path": "/adapters/chat"},
+    "/v1/unload_lora_adapter": {"lora_name": "chat"},
 }
 
 
@@ -53,6 +56,8 @@ VALID = {
 def mutated(draw: st.DrawFn) -> dict[str, Any]:
     path = draw(st.sampled_from(sorted(VALID)))
     body = dict(VALID[path])
+    if "model" in body and draw(st.booleans()):
+        body["model"] = "sql"  # the LoRA adapter the engine starts with
     for field in draw(st.lists(st.sampled_from(FIELDS), max_size=4)):
         body[field] = draw(JSON)
     if draw(st.booleans()):
@@ -69,7 +74,14 @@ def raw(draw: st.DrawFn) -> dict[str, Any]:
 
 @pytest_asyncio.fixture
 async def app() -> AsyncIterator[Starlette]:
-    config = SimEngineConfig(time_scale=10_000, max_model_len=256, num_gpu_blocks_override=64)
+    config = SimEngineConfig(
+        time_scale=10_000,
+        max_model_len=256,
+        num_gpu_blocks_override=64,
+        enable_lora=True,
+        allow_runtime_lora_updating=True,
+        lora_modules=({"name": "sql", "path": "/adapters/sql"},),
+    )
     application = create_app(config)
     async with application.router.lifespan_context(application):
         yield application
@@ -103,6 +115,7 @@ async def test_random_bodies_get_an_answer_and_never_crash(
     stats = engine.model.stats()
     assert stats.num_running == 0
     assert stats.num_waiting == 0
+    assert engine.metrics.shell.lora_held == 0  # no request left waiting for an adapter
     assert engine.loop.dead is None
 
 

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpufleet.fleet import DEFAULT_MAX_NUM_SEQS, ENGINE_FLAGS, ReplicaProfile
+from gpufleet.fleet import (
+    DEFAULT_MAX_NUM_SEQS,
+    ENGINE_FLAGS,
+    LORA_SETTINGS,
+    LoraModule,
+    ReplicaProfile,
+)
 
 _counts = st.none() | st.integers(1, 1 << 20)
 _extra_tokens = st.lists(
@@ -15,6 +21,14 @@ _extra_tokens = st.lists(
         st.from_regex(r"--x-[a-z]{1,8}(=[0-9]{1,3})?", fullmatch=True),
     ),
     max_size=4,
+)
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+_lora_modules = st.builds(
+    LoraModule, name=_text, path=_text, base_model_name=st.none() | _text
+) | st.builds(  # the plain spelling, and paths as they usually are
+    LoraModule,
+    name=st.from_regex(r"[a-z][a-z0-9_-]{0,8}", fullmatch=True),
+    path=st.from_regex(r"/adapters/[a-z0-9]{1,8}", fullmatch=True),
 )
 profiles = st.builds(
     ReplicaProfile,
@@ -27,6 +41,11 @@ profiles = st.builds(
     block_size=_counts,
     enable_prefix_caching=st.none() | st.booleans(),
     seed=st.none() | st.integers(-(1 << 63), 1 << 63),
+    enable_lora=st.none() | st.booleans(),
+    max_loras=_counts,
+    max_lora_rank=_counts,
+    max_cpu_loras=_counts,
+    lora_modules=st.none() | st.lists(_lora_modules, max_size=3).map(tuple),
     extra=_extra_tokens.map(tuple),
 )
 
@@ -61,17 +80,26 @@ def test_the_command_line_has_a_fixed_order_and_only_what_is_set() -> None:
         block_size=32,
         enable_prefix_caching=False,
         seed=7,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=64,
+        max_cpu_loras=4,
+        lora_modules=(LoraModule("sql", "/adapters/sql"),),
         extra=("--enforce-eager",),
     )
     assert profile.to_argv() == (
+        *("--lora-modules", "sql=/adapters/sql"),  # first: the flag after it ends its values
         *("--tensor-parallel-size", "2", "--max-num-seqs", "64"),
         *("--max-num-batched-tokens", "4096", "--max-model-len", "2048"),
         *("--gpu-memory-utilization", "0.85", "--num-gpu-blocks-override", "900"),
         *("--block-size", "32", "--no-enable-prefix-caching", "--seed", "7"),
+        *("--enable-lora", "--max-loras", "2", "--max-lora-rank", "64"),
+        *("--max-cpu-loras", "4"),
         "--enforce-eager",
     )
     flags = [token for token in profile.to_argv() if token.startswith("--")]
-    assert flags[:-1] == [f for f in ENGINE_FLAGS if f != "--enable-prefix-caching"]
+    switched_on = {"--enable-prefix-caching", "--no-enable-lora"}
+    assert flags[:-1] == [f for f in ENGINE_FLAGS if f not in switched_on]
 
 
 def test_it_reads_a_command_line_as_vllm_does() -> None:
@@ -129,3 +157,60 @@ def test_extra_holds_only_flags_the_profile_does_not_know() -> None:
         ReplicaProfile(extra=("--max_num_seqs=8",))
     with pytest.raises(ValueError, match="profile flag"):
         ReplicaProfile(extra=("-tp", "2"))
+
+
+def test_lora_flags_are_read_as_vllm_reads_them() -> None:
+    read = ReplicaProfile.from_argv(
+        [
+            *("--enable-lora", "--max_loras=4", "--max-lora-rank", "64"),
+            *("--lora-modules", "sql=/adapters/sql", ""),  # vLLM skips an empty value
+            '{"name": "chat", "path": "/adapters/chat", "base_model_name": "llama"}',
+            *("--max-cpu-loras", "8", "--time-scale", "10"),
+        ]
+    )
+    assert read == ReplicaProfile(
+        enable_lora=True,
+        max_loras=4,
+        max_lora_rank=64,
+        max_cpu_loras=8,
+        lora_modules=(
+            LoraModule("sql", "/adapters/sql"),
+            LoraModule("chat", "/adapters/chat", base_model_name="llama"),
+        ),
+        extra=("--time-scale", "10"),
+    )
+    assert ReplicaProfile.from_argv(["--lora-modules=a=/p", "b=/q"]).extra == ("b=/q",)
+    again = ReplicaProfile.from_argv(["--lora-modules", "b=/q"], base=read)
+    assert again.lora_modules == (LoraModule("b", "/q"),)  # the last list wins, as in vLLM
+    assert ReplicaProfile.from_argv(["--no-enable-lora"]).enable_lora is False
+    assert ReplicaProfile(lora_modules=()).lora_modules is None
+    assert set(read.settings()) - {"tp"} == LORA_SETTINGS
+
+
+def test_a_lora_module_takes_the_spelling_that_reads_back() -> None:
+    assert LoraModule("a", "/p").to_arg() == "a=/p"
+    assert LoraModule("a", "/p,q").to_arg() == '{"name":"a","path":"/p,q"}'
+    assert LoraModule("a", "/p", "llama").to_arg() == (
+        '{"name":"a","path":"/p","base_model_name":"llama"}'
+    )
+    assert LoraModule.parse(LoraModule("-a", "/p").to_arg()) == LoraModule("-a", "/p")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--lora-modules"], "--lora-modules needs a value"),
+        (["--lora-modules", "--seed", "1"], "--lora-modules needs a value"),
+        (["--lora-modules", "a=b=c"], "one '='"),
+        (["--lora-modules", "a"], "neither name=path nor JSON"),
+        (["--lora-modules", '{"name": "a"}'], "a JSON adapter has name, path"),
+        (["--lora-modules", '{"name": "a", "path": 1}'], "its fields are strings"),
+        (["--lora-modules", "=/p"], "needs a name and a path"),
+        (["--max-loras", "0"], r"max_loras \(--max-loras\) must be at least 1"),
+        (["--max-lora-rank", "x"], "--max-lora-rank 'x' is not an integer"),
+        (["--enable-lora=1"], "takes no value"),
+    ],
+)
+def test_a_bad_lora_flag_names_itself(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ReplicaProfile.from_argv(argv)

@@ -38,7 +38,13 @@ from gpufleet.fleet._engine_metrics import (
 )
 from gpufleet.fleet._events import FleetEvent, ProbeResult, RequestFinished
 from gpufleet.fleet._kv import KvBatch, KvCleared, KvEvent, KvRemoved, KvStored
-from gpufleet.fleet._profile import DEFAULT_MAX_NUM_SEQS, ENGINE_FLAGS, ReplicaProfile
+from gpufleet.fleet._profile import (
+    DEFAULT_MAX_NUM_SEQS,
+    ENGINE_FLAGS,
+    LORA_SETTINGS,
+    LoraModule,
+    ReplicaProfile,
+)
 from gpufleet.fleet._replica import (
     IN_SERVICE,
     NO_LOAD,
@@ -73,6 +79,7 @@ __all__ = [
     "FAILURES",
     "IN_SERVICE",
     "LOCAL_ORIGIN_FAILURES",
+    "LORA_SETTINGS",
     "MAX_BATCH_LINES",
     "NO_LOAD",
     "REPLICA_ORIGIN_FAILURES",
@@ -92,6 +99,7 @@ __all__ = [
     "KvRemoved",
     "KvStored",
     "LineError",
+    "LoraModule",
     "Outcome",
     "ProbeResult",
     "ReplicaId",

@@ -2,7 +2,12 @@
 
 from gpufleet.engine.server._app import create_app
 from gpufleet.engine.server._clock import Clock, ScaledClock, VirtualClock
-from gpufleet.engine.server._config import FaultConfig, KvEventsConfig, SimEngineConfig
+from gpufleet.engine.server._config import (
+    FaultConfig,
+    KvEventsConfig,
+    LoraModuleConfig,
+    SimEngineConfig,
+)
 from gpufleet.engine.server._dcgm import DCGM_LABELS, DcgmCollector, GpuActivity
 from gpufleet.engine.server._engine import SimEngine
 from gpufleet.engine.server._errors import ApiError
@@ -26,6 +31,7 @@ __all__ = [
     "GpuActivity",
     "KvEventPublisher",
     "KvEventsConfig",
+    "LoraModuleConfig",
     "RequestStream",
     "ScaledClock",
     "SimBlockHasher",

@@ -12,6 +12,8 @@ Routes (all pure ASGI endpoints; STYLE 11), each in a module of its own::
     GET  /v1/models             GET  /health            GET /metrics              here
     GET|POST /admin/faults      only with enable_admin (404 otherwise)            here
     POST /sleep  POST /wake_up  GET /is_sleeping   only with dev_mode       _sleep_routes
+    POST /v1/load_lora_adapter  POST /v1/unload_lora_adapter
+                                only with allow_runtime_lora_updating     _lora_routes
 
 The engine loop runs as a task of the app's lifespan (STYLE 10). A JSON route reads its body,
 passes the fault gate, is validated and tokenized, and submits its model requests to the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -61,6 +64,7 @@ from gpufleet.engine.server._errors import (
     error_body,
     http_error,
 )
+from gpufleet.engine.server._lora_routes import LoadLoraAdapter, UnloadLoraAdapter
 from gpufleet.engine.server._responses import Responses
 from gpufleet.engine.server._sleep_routes import IsSleepingRoute, SleepRoute, WakeRoute
 from gpufleet.engine.server._tokenize import Detokenize, Tokenize
@@ -69,7 +73,11 @@ logger = logging.getLogger("gpufleet.engine.sim")
 
 
 class _Models:
+    """The base model's card, then each LoRA adapter's, in the order they were registered
+    (vLLM's cards: ``root`` the adapter's path, ``parent`` the served model name)."""
+
     def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
         config = engine.config
         card = {
             "id": engine.name,
@@ -88,10 +96,31 @@ class _Models:
                 "latency_clock": "modelled",
             },
         }
+        self.card = card
         self.body = json.dumps({"object": "list", "data": [card]}).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 200, self.body, JSON_HEADERS)
+        lora = self.engine.lora
+        if lora is None:
+            await send_bytes(send, 200, self.body, JSON_HEADERS)
+            return
+        created = int(time.time())
+        cards = [self.card]
+        for adapter in lora.registered.values():
+            cards.append(
+                {
+                    "id": adapter.name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": adapter.path,
+                    "parent": self.engine.name,
+                    "max_model_len": None,
+                    "permission": [],
+                }
+            )
+        body = json.dumps({"object": "list", "data": cards}).encode()
+        await send_bytes(send, 200, body, JSON_HEADERS)
 
 
 class _Health:
@@ -185,6 +214,11 @@ def _build(engine: SimEngine) -> Starlette:
             Route("/sleep", SleepRoute(engine.sleep, enabled), methods=["POST"]),
             Route("/wake_up", WakeRoute(engine.sleep, enabled), methods=["POST"]),
             Route("/is_sleeping", IsSleepingRoute(engine.sleep), methods=["GET"]),
+        ]
+    if engine.config.allow_runtime_lora_updating:  # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING
+        routes += [
+            Route("/v1/load_lora_adapter", LoadLoraAdapter(engine), methods=["POST"]),
+            Route("/v1/unload_lora_adapter", UnloadLoraAdapter(engine), methods=["POST"]),
         ]
     if engine.config.enable_admin:
         routes.append(Route("/admin/faults", _AdminFaults(engine), methods=["GET", "POST"]))

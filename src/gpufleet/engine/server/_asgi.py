@@ -120,10 +120,14 @@ def parse_body(kind: type[ModelT], payload: Any) -> ModelT:
         raise validation_error(error) from None
 
 
-def check_model(engine: SimEngine, model: str | None) -> None:
-    """A request may name the served model or none; another name is vLLM's 404."""
-    if model is not None and model != engine.name:
-        raise NotFoundError(f"The model `{model}` does not exist.", param="model")
+def check_model(engine: SimEngine, model: str | None) -> str | None:
+    """A request may name the served model, a registered LoRA adapter (its name is
+    returned) or none; another name is vLLM's 404."""
+    if model is None or model == engine.name:
+        return None
+    if engine.lora is not None and model in engine.lora.registered:
+        return model
+    raise NotFoundError(f"The model `{model}` does not exist.", param="model")
 
 
 class JsonRoute(ABC):

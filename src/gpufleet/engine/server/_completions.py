@@ -83,7 +83,7 @@ class Completions(JsonRoute):
             if self.chat
             else parse_body(CompletionRequest, payload)
         )
-        check_model(self.engine, request.model)
+        adapter = check_model(self.engine, request.model)
         filler = self.engine.model.filler
         if isinstance(request, ChatRequest):
             prompt = tuple(chat_prompt_ids(self.engine.tokenizer, request))
@@ -98,7 +98,9 @@ class Completions(JsonRoute):
                 request.prompt and isinstance(request.prompt[0], str)
             )
             continues_at = filler.position_after(prompt) if token_ids else None
-        return functools.partial(self._respond, scope, request, prompt, continues_at)
+        return functools.partial(
+            self._respond, scope, request, prompt, continues_at, adapter=adapter
+        )
 
     def _prompt_ids(self, prompt: str | list[int] | list[str] | list[list[int]]) -> tuple[int, ...]:
         tokenizer = self.engine.tokenizer
@@ -129,8 +131,11 @@ class Completions(JsonRoute):
         prompt: tuple[int, ...],
         continues_at: int | None,
         send: Send,
+        *,
+        adapter: str | None,
     ) -> None:
         engine = self.engine
+        model = adapter or engine.name
         max_tokens = request.requested_max_tokens()
         if max_tokens is None:
             max_tokens = max(1, engine.max_model_len - len(prompt))
@@ -150,11 +155,11 @@ class Completions(JsonRoute):
             chat=self.chat,
             response_id=response_id,
             created=int(time.time()),
-            model=engine.name,
+            model=model,
             token_ids=request.return_token_ids,
         )
         try:
-            streams = engine.submit(news)
+            streams = await engine.submit_as(adapter, news)
         except ApiError as error:
             await send_error(send, error)
             return
@@ -168,7 +173,7 @@ class Completions(JsonRoute):
                 scope["headers"],
                 {
                     "gen_ai.request.id": response_id,
-                    "gen_ai.response.model": engine.name,
+                    "gen_ai.response.model": model,
                     "gen_ai.request.max_tokens": max_tokens,
                     "gen_ai.request.n": request.n,
                     "gen_ai.usage.prompt_tokens": len(prompt),
@@ -192,6 +197,7 @@ class Completions(JsonRoute):
             if not done:
                 for stream in streams:
                     engine.loop.abort(stream.request_id)
+            engine.release_lora(streams)
             if span is not None:
                 _end_span(engine, span, gens, ok=done)
 

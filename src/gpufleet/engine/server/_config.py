@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -62,6 +63,28 @@ class KvEventsConfig(BaseModel):
         return self.enable_kv_cache_events and self.publisher == "zmq"
 
 
+MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+"""The values vLLM's ``--max-lora-rank`` takes (its ``MaxLoRARanks``)."""
+
+
+def runtime_lora_updating() -> bool:
+    """vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, read from the environment as vLLM reads it
+    (``1`` or ``true``, any case)."""
+    value = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0")
+    return value.strip().lower() in ("1", "true")
+
+
+class LoraModuleConfig(BaseModel):
+    """One adapter registered at start (``--lora-modules``; vLLM's ``LoRAModulePath``). Read
+    from a dict or from anything with these attributes (the replica profile's ``LoraModule``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", from_attributes=True)
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    base_model_name: str | None = None
+
+
 class SimEngineConfig(BaseModel):
     """One sim replica: the modelled model and GPU, vLLM's engine settings, clock and faults."""
 
@@ -98,11 +121,43 @@ class SimEngineConfig(BaseModel):
     otlp_traces_endpoint: str | None = None
     """vLLM's ``--otlp-traces-endpoint`` (here OTLP/HTTP): an ``llm_request`` span per
     request, the child of the caller's ``traceparent`` (docs/tracing.md)."""
+    enable_lora: bool = False
+    """vLLM's ``--enable-lora``: serve LoRA adapters under their own names (``_lora.py``)."""
+    max_loras: int = Field(default=1, ge=1)
+    """vLLM's ``--max-loras``: the most adapters whose requests are in the model at once."""
+    max_lora_rank: MaxLoraRank = 16
+    """vLLM's ``--max-lora-rank``: an adapter of a higher rank is refused."""
+    max_cpu_loras: int | None = Field(default=None, ge=1)
+    """vLLM's ``--max-cpu-loras``: the most adapters kept loaded (``None``: ``max_loras``)."""
+    lora_modules: tuple[LoraModuleConfig, ...] = ()
+    """vLLM's ``--lora-modules``: adapters registered (and loaded, in order) at start."""
+    allow_runtime_lora_updating: bool = Field(default_factory=runtime_lora_updating)
+    """vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: serve ``POST /v1/load_lora_adapter`` and
+    ``/v1/unload_lora_adapter`` (404 otherwise). Default: the environment's, as vLLM reads it
+    when its server starts."""
+
+    @model_validator(mode="after")
+    def _lora(self) -> SimEngineConfig:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
+        names = [module.name for module in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--lora-modules: an adapter name is given twice: {names}")
+        return self
 
     @property
     def name(self) -> str:
         """The served model name."""
         return self.served_model_name or self.model
+
+    @property
+    def cpu_loras(self) -> int:
+        """The adapters kept loaded: ``max_cpu_loras``, or ``max_loras`` (vLLM's default)."""
+        return self.max_cpu_loras or self.max_loras
 
     def replica_config(self) -> ReplicaConfig:
         """The replica model this engine runs (an unknown model or GPU: ``CatalogError``)."""

@@ -91,7 +91,7 @@ class Embeddings(JsonRoute):
     def accept(self, scope: Scope, payload: Any) -> Respond:
         request = parse_body(EmbeddingRequest, payload)
         engine = self.engine
-        check_model(engine, request.model)
+        adapter = check_model(engine, request.model)
         size = engine.hidden_size
         if request.dimensions is not None and request.dimensions > size:
             raise InvalidRequestError(
@@ -100,7 +100,7 @@ class Embeddings(JsonRoute):
                 param="dimensions",
             )
         prompts = self._prompts(request)
-        return functools.partial(self._respond, scope, request, prompts)
+        return functools.partial(self._respond, scope, request, prompts, adapter)
 
     def _prompts(self, request: EmbeddingRequest) -> list[tuple[int, ...]]:
         tokenizer = self.engine.tokenizer
@@ -135,6 +135,7 @@ class Embeddings(JsonRoute):
         scope: Scope,
         request: EmbeddingRequest,
         prompts: list[tuple[int, ...]],
+        adapter: str | None,
         send: Send,
     ) -> None:
         engine = self.engine
@@ -145,7 +146,7 @@ class Embeddings(JsonRoute):
             for ids in prompts
         ]
         try:
-            streams = engine.submit(news)
+            streams = await engine.submit_as(adapter, news)
         except ApiError as error:
             await send_error(send, error)
             return
@@ -154,7 +155,7 @@ class Embeddings(JsonRoute):
             try:
                 for stream in streams:
                     await _pooled(stream)
-                body = self._body(engine, scope, request, prompts)
+                body = self._body(engine, scope, request, prompts, adapter or engine.name)
             except EngineDeadError as error:
                 await send_error(send, EngineUnavailableError(str(error)))
             else:
@@ -166,10 +167,15 @@ class Embeddings(JsonRoute):
             if not done:
                 for stream in streams:
                     engine.loop.abort(stream.request_id)
+            engine.release_lora(streams)
 
     @staticmethod
     def _body(
-        engine: SimEngine, scope: Scope, request: EmbeddingRequest, prompts: list[tuple[int, ...]]
+        engine: SimEngine,
+        scope: Scope,
+        request: EmbeddingRequest,
+        prompts: list[tuple[int, ...]],
+        model: str,
     ) -> bytes:
         dimensions = request.dimensions or engine.hidden_size
         seed = engine.config.seed
@@ -187,7 +193,7 @@ class Embeddings(JsonRoute):
             "id": engine.response_id("embd", scope),
             "object": "list",
             "created": int(time.time()),
-            "model": engine.name,
+            "model": model,
             "data": data,
             "usage": {
                 "prompt_tokens": tokens,

@@ -6,21 +6,27 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.catalog import GPUSpec, ModelSpec
 from gpufleet.engine._tokenizer import Tokenizer
 from gpufleet.engine.model import NewRequest, ReplicaModel
 from gpufleet.engine.server._clock import Clock
 from gpufleet.engine.server._config import SimEngineConfig
 from gpufleet.engine.server._dcgm import DcgmCollector
-from gpufleet.engine.server._errors import EngineUnavailableError, PromptTooLongError
+from gpufleet.engine.server._errors import (
+    EngineUnavailableError,
+    NotFoundError,
+    PromptTooLongError,
+)
 from gpufleet.engine.server._faults import Faults
 from gpufleet.engine.server._kv_publish import KvEventPublisher
 from gpufleet.engine.server._loop import EngineDeadError, EngineLoop, RequestStream
-from gpufleet.engine.server._metrics import EngineMetrics
+from gpufleet.engine.server._lora import Adapter, LoraAdapters
+from gpufleet.engine.server._metrics import EngineMetrics, LoraMetrics
 from gpufleet.engine.server._sleep import SleepMetrics, SleepMode
-from gpufleet.perf import Parallelism, residency_times
+from gpufleet.perf import Parallelism, lora_load_seconds, residency_times
 
 if TYPE_CHECKING:  # imported where tracing is on (the `tracing` extra)
     from gpufleet.engine.server._tracing import EngineTracing
@@ -87,8 +93,36 @@ class SimEngine:
         self.sleep = SleepMode(times, clock, self.loop)
         """vLLM's sleep mode (``_sleep.py``); its routes only with ``dev_mode``."""
         self.metrics.registry.register(SleepMetrics(self.sleep, (self.name, "0")))
+        self.lora: LoraAdapters | None = None
+        """The LoRA adapters (``--enable-lora``; ``_lora.py``), or ``None``."""
+        self._lora_owner: dict[str, Adapter] = {}
+        """The adapter of each request ``submit_lora`` queued, until ``release_lora``."""
+        if config.enable_lora:
+            self.lora = self._adapters(spec, replica.gpu)
         self._next_request = 0
         self.created = int(time.time())
+
+    def _adapters(self, spec: ModelSpec, gpu: GPUSpec) -> LoraAdapters:
+        config, model = self.config, self.model
+
+        def state(request_id: str) -> bool | None:
+            if model.blocks_of(request_id):
+                return True
+            return False if self.loop.serving(request_id) else None
+
+        lora = LoraAdapters(
+            max_loras=config.max_loras,
+            max_cpu_loras=config.cpu_loras,
+            max_lora_rank=config.max_lora_rank,
+            load_seconds=lambda rank: lora_load_seconds(spec, gpu, rank=rank),
+            clock=self.clock,
+            shell=self.metrics.shell,
+            state=state,
+        )
+        lora.register_at_start(config.lora_modules)
+        metrics = LoraMetrics(config.max_loras, lora.snapshot, (self.name, "0"))
+        self.metrics.registry.register(metrics)
+        return lora
 
     def new_request_id(self) -> str:
         """The model's id for a request: unique in this process, deterministic per seed."""
@@ -127,6 +161,48 @@ class SimEngine:
                 raise EngineUnavailableError(str(error)) from None
             raise PromptTooLongError(str(error)) from None
         return streams
+
+    async def submit_as(
+        self, adapter: str | None, requests: Sequence[NewRequest]
+    ) -> list[RequestStream]:
+        """``submit`` for the base model (``adapter`` is ``None``), else ``submit_lora``."""
+        if adapter is None:
+            return self.submit(requests)
+        return await self.submit_lora(adapter, requests)
+
+    async def submit_lora(self, name: str, requests: Sequence[NewRequest]) -> list[RequestStream]:
+        """``submit`` for requests under adapter ``name``: they wait for a slot and for the
+        adapter's load first (``_lora.py``), and that wait counts in their latencies (their
+        streams' arrival is when this was called). The caller then owes
+        ``release_lora(streams)`` once they are done; if this raises, nothing is owed."""
+        lora = self.lora
+        adapter = None if lora is None else lora.registered.get(name)
+        if lora is None or adapter is None:  # unloaded since the request was accepted
+            raise NotFoundError(f"The model `{name}` does not exist.", param="model")
+        arrival = self.clock.now()
+        ids = [request.request_id for request in requests]
+        await lora.acquire(adapter, ids)
+        try:
+            streams = self.submit(requests)
+        except BaseException:
+            lora.release(adapter, ids)
+            raise
+        lora.submitted(adapter, ids)
+        for stream in streams:
+            stream.arrival = arrival
+        self._lora_owner.update(dict.fromkeys(ids, adapter))
+        return streams
+
+    def release_lora(self, streams: Iterable[RequestStream]) -> None:
+        """The requests ``submit_lora`` queued are done: their adapter's slot may free (any
+        other stream: nothing to do)."""
+        lora = self.lora
+        if lora is None or not self._lora_owner:
+            return
+        for stream in streams:
+            adapter = self._lora_owner.pop(stream.request_id, None)
+            if adapter is not None:
+                lora.release(adapter, [stream.request_id])
 
     def set_faults(self, patch: dict[str, Any]) -> dict[str, Any]:
         config = self.faults.update(patch)

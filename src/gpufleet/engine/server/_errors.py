@@ -8,9 +8,11 @@ The tree (STYLE 13); every leaf is mapped to vLLM's error body by ``error_body``
     │   ├── InvalidRequestError                                         a field missing/wrong
     │   ├── PromptTooLongError                                          the model refused it
     │   └── UnsupportedError                                            n > 1, prompt batches
+    ├── InvalidUserInputError       400     InvalidUserInput       no   a LoRA route's own check
     ├── NotFoundError               404     NotFoundError          no   unknown model or route
     ├── MethodNotAllowedError       405     MethodNotAllowedError  no
     ├── PayloadTooLargeError        413     PayloadTooLargeError   no
+    ├── LoraLoadError               500     InternalServerError    no   the adapter cannot load
     ├── EngineUnavailableError      500     InternalServerError    yes  the engine loop died
     ├── InjectedFaultError          500     InternalServerError    yes  fault injection only
     └── InjectedOverloadError       503     ServiceUnavailableError yes  fault injection
@@ -66,6 +68,14 @@ class UnsupportedError(BadRequestError):
     pass
 
 
+class InvalidUserInputError(ApiError):
+    """vLLM's ``InvalidUserInput``: a LoRA route's request that names no adapter, or one
+    already loaded (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``)."""
+
+    status = 400
+    type = "InvalidUserInput"
+
+
 class NotFoundError(ApiError):
     status = 404
     type = "NotFoundError"
@@ -79,6 +89,14 @@ class MethodNotAllowedError(ApiError):
 class PayloadTooLargeError(ApiError):
     status = 413
     type = "PayloadTooLargeError"
+
+
+class LoraLoadError(ApiError):
+    """An adapter the engine cannot load (a rank above ``--max-lora-rank``, an unreadable
+    config): vLLM answers its engine's refusal as a 500, with the engine's message."""
+
+    status = 500
+    type = "InternalServerError"
 
 
 class EngineUnavailableError(ApiError):

@@ -122,6 +122,10 @@ class EngineLoop:
         self._wakeup.set()
         return stream
 
+    def serving(self, request_id: str) -> bool:
+        """Whether ``request_id`` is queued or running (not finished, aborted or unknown)."""
+        return request_id in self._streams
+
     def abort(self, request_id: str) -> None:
         """Drop a request at once (client gone, stop string): its blocks are freed now."""
         stream = self._streams.pop(request_id, None)

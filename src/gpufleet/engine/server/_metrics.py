@@ -19,6 +19,9 @@ histograms are observed by the loop in *modelled* seconds, as the step ends::
     vllm:cache_config_info               gauge = 1  labels: block_size, num_gpu_blocks, …
     gpufleet:sim_engine_lag_seconds_total counter   real time the loop fell behind the model
 
+With ``--enable-lora``, ``LoraMetrics`` adds vLLM's ``vllm:lora_requests_info`` and the sim
+engine's adapter load, unload and eviction counters (``_lora.py`` says what they count).
+
 Every series has vLLM's labels ``model_name`` and ``engine`` ("0"). The loop also records each
 step in ``activity``, from which ``_dcgm.py`` models dcgm-exporter's GPU gauges (``DCGM_FI_*``,
 with dcgm-exporter's labels), registered by the engine in the same registry.
@@ -26,7 +29,9 @@ with dcgm-exporter's labels), registered by the engine in the same registry.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -60,6 +65,9 @@ class ShellCounts:
         """Requests the shell ended on a stop string: the model saw an abort, vLLM says stop."""
         self.lag_seconds = 0.0
         """Real seconds the loop started steps later than the modelled timeline allowed."""
+        self.lora_held = 0
+        """Requests for a LoRA adapter not yet submitted to the model (waiting for a slot or
+        for its load): vLLM counts them in its waiting queue, so the gauge does too."""
 
 
 class _StatsCollector(Collector):
@@ -82,7 +90,7 @@ class _StatsCollector(Collector):
             ("vllm:num_requests_running", "Number of requests in model execution batches.",
              stats.num_running),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-             stats.num_waiting),
+             stats.num_waiting + self._shell.lora_held),
             ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
              stats.kv_cache_usage),
         ):  # fmt: skip
@@ -178,3 +186,75 @@ class EngineMetrics:
         self.observe_ttft = ttft.labels(*labels).observe
         self.observe_itl = itl.labels(*labels).observe
         self.observe_e2e = e2e.labels(*labels).observe
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSnapshot:
+    """The adapters' state a scrape reads (``LoraAdapters.snapshot``)."""
+
+    running: tuple[str, ...]
+    """Adapters with a request running in the model."""
+    waiting: tuple[str, ...]
+    """Adapters with a request waiting: in the model's queue, for a slot or for a load."""
+    loads: int
+    unloads: int
+    evictions: int
+
+
+LORA_INFO_SERIES = 256
+"""The most ``vllm:lora_requests_info`` label sets kept (the least recently set go first)."""
+
+
+class LoraMetrics(Collector):
+    """vLLM's ``vllm:lora_requests_info`` and the sim engine's adapter counters.
+
+    ``vllm:lora_requests_info`` is vLLM's: labels ``max_lora`` (``--max-loras``),
+    ``running_lora_adapters`` and ``waiting_lora_adapters`` (adapter names joined by commas,
+    here sorted), and no ``model_name`` or ``engine``; its value is the wall-clock time
+    (``time.time()``) the label set was last current. vLLM sets it at every engine step, and
+    a label set once seen stays on the page with the time it was last set, so a reader takes
+    the series with the highest value; here it is set at every scrape, and at most
+    ``LORA_INFO_SERIES`` label sets are kept.
+    """
+
+    def __init__(
+        self,
+        max_loras: int,
+        snapshot: Callable[[], LoraSnapshot],
+        labels: tuple[str, str],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._max_lora = str(max_loras)
+        self._snapshot = snapshot
+        self._labels = list(labels)
+        self._wall = wall
+        self._series: dict[tuple[str, str], float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._snapshot()
+        current = (",".join(now.running), ",".join(now.waiting))
+        self._series.pop(current, None)
+        self._series[current] = self._wall()
+        while len(self._series) > LORA_INFO_SERIES:
+            del self._series[next(iter(self._series))]
+        info = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
+        )
+        for (running, waiting), at in self._series.items():
+            info.add_metric([self._max_lora, waiting, running], at)
+        yield info
+        for name, doc, value in (
+            ("gpufleet:sim_engine_lora_loads",
+             "LoRA adapter loads that took modelled time (load route, or a request's).",
+             now.loads),
+            ("gpufleet:sim_engine_lora_unloads",
+             "LoRA adapters unloaded by POST /v1/unload_lora_adapter.", now.unloads),
+            ("gpufleet:sim_engine_lora_evictions",
+             "Loaded LoRA adapters dropped to make room (least recently used first).",
+             now.evictions),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(name, doc, labels=LABELS)
+            counter.add_metric(self._labels, float(value))
+            yield counter

@@ -247,7 +247,7 @@ class Responses(JsonRoute):
     def accept(self, scope: Scope, payload: Any) -> Respond:
         request = parse_body(ResponsesRequest, payload)
         engine = self.engine
-        check_model(engine, request.model)
+        adapter = check_model(engine, request.model)
         if request.background:
             raise InvalidRequestError(
                 "This vLLM engine does not support `store=True` and therefore does not "
@@ -266,10 +266,14 @@ class Responses(JsonRoute):
                 f"{engine.max_model_len}. Please reduce prompt.",
                 param="input",
             )
-        return functools.partial(self._respond, request, prompt)
+        return functools.partial(self._respond, request, prompt, adapter)
 
     async def _respond(
-        self, request: ResponsesRequest, prompt: tuple[int, ...], send: Send
+        self,
+        request: ResponsesRequest,
+        prompt: tuple[int, ...],
+        adapter: str | None,
+        send: Send,
     ) -> None:
         engine = self.engine
         room = engine.max_model_len - len(prompt)
@@ -282,12 +286,13 @@ class Responses(JsonRoute):
             priority=request.priority,
         )
         try:
-            (stream,) = engine.submit([new])
+            (stream,) = await engine.submit_as(adapter, [new])
         except ApiError as error:
             await send_error(send, error)
             return
+        model = adapter or engine.name
         answer = _Answer(
-            request, f"resp_{engine.random_hex()}", f"msg_{engine.random_hex()}", engine.name, limit
+            request, f"resp_{engine.random_hex()}", f"msg_{engine.random_hex()}", model, limit
         )
         done = False
         try:
@@ -301,6 +306,7 @@ class Responses(JsonRoute):
         finally:
             if not done:
                 engine.loop.abort(stream.request_id)
+            engine.release_lora([stream])
 
     async def _body(self, send: Send, stream: RequestStream, answer: _Answer) -> None:
         try:
