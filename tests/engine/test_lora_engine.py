@@ -20,7 +20,7 @@ import typer
 from gpufleet.catalog import get_gpu, get_model
 from gpufleet.cli._engine_cmd import app as engine_app
 from gpufleet.cli._engine_cmd import engine_config
-from gpufleet.engine.server import LoraModuleConfig, SimEngineConfig
+from gpufleet.engine.server import LoraModuleConfig, SimEngineConfig, create_app
 from gpufleet.perf import UNLOAD_S, lora_load_seconds
 from tests.engine.conftest import FAST, Served, serve
 
@@ -211,7 +211,7 @@ def test_a_rank_above_max_lora_rank_is_refused_as_vllm_refuses_it(tmp_path: Path
         ok = http.post(LOAD, json={"lora_name": "big", "lora_path": str(big)}, timeout=30)
         assert ok.status_code == 200
     with pytest.raises(ValueError, match="LoRA rank 64 is greater than max_lora_rank 16"):
-        serve(_config(lora_modules=(LoraModuleConfig(name="big", path=str(big)),))).__enter__()
+        create_app(_config(lora_modules=(LoraModuleConfig(name="big", path=str(big)),)))
 
 
 def test_models_lists_the_adapters_after_the_base_model() -> None:
