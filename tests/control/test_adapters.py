@@ -145,10 +145,12 @@ def test_placement_prefers_a_free_slot_and_a_holder_within_the_guard() -> None:
     r0, r1, r2 = ReplicaId("p-0"), ReplicaId("p-1"), ReplicaId("p-2")
     slots = {r0: {"x": 0}, r1: {}, r2: {"a": 0}}
     placed = place_adapter("a", [r0, r1, r2], slots, {r2: 1}, value=lambda _: 1.0, config=config)
-    assert placed is not None and (placed.replica, placed.load) == (r2, False)  # within guard
+    assert placed is not None
+    assert (placed.replica, placed.load) == (r2, False)  # within the guard
     placed = place_adapter("a", [r0, r1, r2], slots, {r2: 5}, value=lambda _: 1.0, config=config)
     # the holder is 5 busier than the least busy: a new copy, on the free slot, not on r0
-    assert placed is not None and (placed.replica, placed.load, placed.evict) == (r1, True, None)
+    assert placed is not None
+    assert (placed.replica, placed.load, placed.evict) == (r1, True, None)
     assert place_adapter("a", [], slots, {}, value=lambda _: 1.0, config=config) is None
 
 

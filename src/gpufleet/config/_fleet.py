@@ -25,6 +25,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -337,7 +338,9 @@ class ModelConfig(_Strict):
 
     def profile(self, seed: int | None = None) -> ReplicaProfile:
         """The engine flags of this model's replicas: ``tp``, ``max_model_len``,
-        ``gpu_memory_utilization`` and ``prefix_caching``, then ``args``, which win.
+        ``gpu_memory_utilization``, ``prefix_caching`` and ``lora``'s (``--enable-lora``,
+        ``--max-loras`` and ``--max-cpu-loras`` both ``max_loras``, ``--max-lora-rank``), then
+        ``args``, which win.
 
         ``seed`` is the fleet's seed (live: ``gateway.seed``; simulated: the run's seed):
         every replica of every pool runs with it as ``--seed``, unless ``args`` set one
@@ -353,6 +356,15 @@ class ModelConfig(_Strict):
             enable_prefix_caching=self.prefix_caching,
             seed=seed,
         )
+        if self.lora is not None:  # what the engine registers is what the controller placed
+            lora = self.lora
+            base = replace(
+                base,
+                enable_lora=True,
+                max_loras=lora.max_loras,
+                max_cpu_loras=lora.max_loras,
+                max_lora_rank=lora.max_lora_rank,
+            )
         try:
             return ReplicaProfile.from_argv(args, base)
         except ValueError as error:
@@ -390,10 +402,15 @@ class ModelConfig(_Strict):
     @property
     def engine_env(self) -> dict[str, str]:
         """The environment of its engines: ``env``, and ``VLLM_SERVER_DEV_MODE=1`` for an
-        ``on_demand`` model (vLLM serves ``/sleep`` and ``/wake_up`` only then)."""
+        ``on_demand`` model (vLLM serves ``/sleep`` and ``/wake_up`` only then),
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` for one with ``lora`` (vLLM serves
+        ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` only then)."""
+        env: dict[str, str] = {}
         if self.residency.on_demand:
-            return {"VLLM_SERVER_DEV_MODE": "1", **self.env}
-        return dict(self.env)
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.lora is not None:  # the controller loads and unloads adapters at run time
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        return {**env, **self.env}
 
     @property
     def startup_timeout(self) -> float:
@@ -778,15 +795,7 @@ class FleetConfig(_Strict):
                     f"model {name!r}: fallbacks: the pool is a variant of {variants[name]!r}; "
                     "write its fallbacks on that served entry"
                 )
-        names_so_far = set(pools) | explicit
-        for model in self.models:
-            for adapter in model.lora.adapters if model.lora is not None else ():
-                if adapter.name in names_so_far:
-                    raise ValueError(
-                        f"model {model.name!r}: lora: adapter {adapter.name!r} is already a "
-                        "pool, a served name or another adapter"
-                    )
-                names_so_far.add(adapter.name)
+        self._adapter_names(set(pools) | explicit)
         routes = self.served_names()
         names = [r.name for r in routes]
         for route in routes:
@@ -805,6 +814,17 @@ class FleetConfig(_Strict):
                         f"served name {route.name!r}: fallbacks: {target!r} is given twice"
                     )
         return self
+
+    def _adapter_names(self, taken: set[str]) -> None:
+        """``ValueError`` for a LoRA adapter named as a pool, a served name or another."""
+        for model in self.models:
+            for adapter in model.lora.adapters if model.lora is not None else ():
+                if adapter.name in taken:
+                    raise ValueError(
+                        f"model {model.name!r}: lora: adapter {adapter.name!r} is already a "
+                        "pool, a served name or another adapter"
+                    )
+                taken.add(adapter.name)
 
     def served_names(self) -> tuple[ServedConfig, ...]:
         """Every name the gateway serves: the ``served`` entries, then each pool that no
@@ -828,9 +848,7 @@ class FleetConfig(_Strict):
 
     def adapters(self) -> dict[str, str]:
         """Every LoRA adapter's served name, and the pool that serves it."""
-        return {
-            a.name: m.name for m in self.models if m.lora is not None for a in m.lora.adapters
-        }
+        return {a.name: m.name for m in self.models if m.lora is not None for a in m.lora.adapters}
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

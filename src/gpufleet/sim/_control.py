@@ -76,6 +76,7 @@ from gpufleet.control import (
     Standby,
     Standbys,
     Tick,
+    UnloadAdapter,
     asleep_at,
 )
 from gpufleet.control import Event as ControlEvent
@@ -99,6 +100,7 @@ from gpufleet.fleet import (
     RouteRequest,
 )
 from gpufleet.perf import Parallelism, ResidencyTimes, residency_times
+from gpufleet.sim._adapters import SimAdapters
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
 from gpufleet.sim._replica_driver import ReplicaDriver
@@ -304,6 +306,10 @@ class SimControl:
                     break
         self._kv_seq: dict[int, int] = {}
         """Per driver, its process's next KV-event batch number."""
+        self.adapters = SimAdapters.of(control.fleet)
+        """The modelled engines' LoRA adapter loads (``None``: the fleet serves none)."""
+        self._adapter_of: dict[int, str] = {}
+        """Each request for a LoRA adapter: the adapter (its served name)."""
 
     # -- the registry ---------------------------------------------------------------------
 
@@ -496,8 +502,14 @@ class SimControl:
                     # a replica's step end: their events are shared, scheduled from a
                     # shared Dispatch (another part may have run ahead of a sleep's end)
                     self._deferred.append(command)
+                case Route(request_id=rid, replica=replica) if (
+                    self.adapters is not None and self._loading(now, command)
+                ):
+                    pass  # it reaches its engine once the adapter is loaded there
                 case Route(request_id=rid, replica=replica, resume=resume):
                     events += self._submit(now, int(rid), replica, resume)
+                case UnloadAdapter(replica=replica, adapter=adapter) if self.adapters is not None:
+                    self.adapters.unload(replica, adapter)
                 case Reject(request_id=rid, reason=reason, model=pool):
                     self._refuse(now, int(rid), pool)
                     if self._on_refuse is not None:
@@ -520,6 +532,34 @@ class SimControl:
                 case Abandon(replica=replica, request_ids=ids):
                     events += self._abandon(now, replica, ids)
         return events
+
+    def _loading(self, now: float, route: Route) -> bool:
+        """Whether ``route`` waits for an adapter load on its replica (its own, or one under
+        way): then it is carried out when the load is done (without ``load``)."""
+        adapters = self.adapters
+        assert adapters is not None
+        adapter = route.load or self._adapter_of.get(int(route.request_id))
+        if adapter is None:
+            return False
+        ready = adapters.ready_at(now, route.replica, adapter, bool(route.load))
+        if ready <= now:
+            return False
+        harness = self._harness
+        assert harness is not None
+        kernel = harness.kernel
+        later = Route(
+            route.request_id,
+            route.replica,
+            route.retry,
+            route.policy,
+            route.panic,
+            route.matched,
+            route.held,
+            route.resume,
+            route.model,
+        )
+        kernel.schedule(max(ready, kernel.shared_floor()), URGENT, Dispatch(self, (later,)))
+        return True
 
     def _abandon(
         self, now: float, replica: ReplicaId, ids: tuple[str, ...]
@@ -635,6 +675,8 @@ class SimControl:
             (None, 0, 1.0) if self._tenant_of is None else self._tenant_of(index, request)
         )
         self._pending[index] = _Pending(request, prompt)
+        if self.adapters is not None and self.control.served[model].adapter:
+            self._adapter_of[index] = model
         size = self._kv_names.get(model)
         routed = RouteRequest(
             str(index),

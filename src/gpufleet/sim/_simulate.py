@@ -22,7 +22,7 @@ from gpufleet.catalog import CatalogError, get_gpu, get_model
 from gpufleet.config import FleetConfig, ModelConfig
 from gpufleet.control import FleetController
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
-from gpufleet.fleet import ReplicaId, ReplicaState
+from gpufleet.fleet import LORA_SETTINGS, ReplicaId, ReplicaState
 from gpufleet.sim._admission import SimTenant, TenantBook, TenantMix
 from gpufleet.sim._autoscale import Autoscaling
 from gpufleet.sim._batch_job import BATCH_JOB, BatchJob, batch_report
@@ -86,7 +86,9 @@ def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
             raise ValueError(f"model {model.name!r}: args: {flag} is not modelled by simulate")
         if not eq and extra:
             extra.pop(0)
-    return ReplicaConfig(spec, gpu, **profile.settings())
+    # adapters are the controller's and SimAdapters' (a pool's `lora`), not the replica model's
+    settings = {k: v for k, v in profile.settings().items() if k not in LORA_SETTINGS}
+    return ReplicaConfig(spec, gpu, **settings)
 
 
 @dataclass(slots=True)
@@ -558,6 +560,7 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
         },
         "faults": _faults_report(sim),
         **_served_report(sim),
+        **_adapters_report(sim),
         **_rollouts_report(sim),
         **({} if sim.tenants is None else {"tenants": _tenants_report(sim)}),
         **_batch_section(sim),
@@ -570,6 +573,41 @@ def _batch_section(sim: FleetSimulation) -> dict[str, Any]:
     if job is None or book is None:
         return {}
     return {"batch": batch_report(job, sim.harness.recorder.log, book.tenants(), book.tenant_ids)}
+
+
+def _adapters_report(sim: FleetSimulation) -> dict[str, Any]:
+    """LoRA adapters (docs/residency.md): per pool that serves some, the attempts for an
+    adapter, the loads they cost (and per 1,000), unloads, loads over a full replica's cap;
+    fleet-wide, the modelled load time and what attempts waited for loads. Nothing for a
+    fleet without adapters."""
+    modelled = sim.routing.adapters
+    if modelled is None:
+        return {}
+    pools: dict[str, Any] = {}
+    for name, pool in sim.control.pools.items():
+        adapters = pool.adapters
+        if adapters is None:
+            continue
+        c = adapters.counters
+        pools[name] = {
+            "adapters": len(adapters.config.adapters),
+            "max_loras": adapters.config.max_loras,
+            "affinity": adapters.config.affinity,
+            "requests": c.requests,
+            "loads": c.loads,
+            "loads_per_1000": _r(1000 * c.loads / c.requests, 2) if c.requests else None,
+            "unloads": c.unloads,
+            "over_cap": c.over_cap,
+        }
+    stats = modelled.stats
+    return {
+        "adapters": {
+            "pools": pools,
+            "load_seconds": _r(stats.load_seconds, 3),
+            "waited": stats.waited,
+            "wait_seconds": _r(stats.wait_seconds, 3),
+        }
+    }
 
 
 def _served_report(sim: FleetSimulation) -> dict[str, Any]:
