@@ -13,9 +13,12 @@ from gpufleet.control import (
     Arrived,
     Finished,
     FleetController,
+    Reject,
+    RejectReason,
     Replicas,
     ReplicaSeen,
     Route,
+    Tick,
     UnloadAdapter,
     command_to_json,
     read_recording,
@@ -109,21 +112,54 @@ def test_a_load_evicts_the_least_valuable_idle_adapter_never_one_in_flight() -> 
     route, unloads = ask(control, 3.0, "n0", new)
     assert route.load == new
     assert unloads == [UnloadAdapter(POOL, ReplicaId(f"{POOL}-0"), cold)]
-    # both held adapters busy now (n0 in flight, hot asked again): a third load goes over
-    # the cap instead of evicting one in flight
+    # both held adapters busy now (n0 in flight, hot asked again): a third adapter's
+    # request waits for a slot instead of evicting one in flight
     ask(control, 3.1, "h9", hot)
-    route, unloads = ask(control, 3.2, "c1", cold)
-    assert (route.load, unloads) == (cold, [])
-    adapters = control.pools[POOL].adapters
+    out = control.handle(3.2, Arrived(RouteRequest("c1", cold, prompt_tokens=100)))
+    assert [c for c in out if isinstance(c, Route)] == []
+    pool = control.pools[POOL]
+    adapters = pool.adapters
     assert adapters is not None
-    assert adapters.counters.over_cap == 1
-    assert set(adapters.held()[ReplicaId(f"{POOL}-0")]) == {hot, new, cold}
-    for rid in ("n0", "h9", "c1"):
-        done(control, 4.0, rid)
-    # the next load there evicts back down (one, the least valuable idle one)
-    route, unloads = ask(control, 5.0, "x0", names[3])
-    assert route.load == names[3]
-    assert len(unloads) == 1
+    assert (adapters.counters.waits, pool.held) == (1, 1)
+    # n0 ends: its slot frees, and the held request loads its adapter there at once
+    out = control.handle(4.0, Finished(POOL, "n0", Outcome.SUCCESS))
+    (route,) = [c for c in out if isinstance(c, Route)]
+    assert (route.request_id, route.load, route.held) == ("c1", cold, True)
+    assert [c for c in out if isinstance(c, UnloadAdapter)] == [
+        UnloadAdapter(POOL, ReplicaId(f"{POOL}-0"), new)
+    ]
+    assert adapters.counters.over_cap == 0
+    assert set(adapters.held()[ReplicaId(f"{POOL}-0")]) == {hot, cold}
+
+
+def test_a_request_waiting_for_a_slot_times_out_as_a_held_request_does() -> None:
+    names = ["ad-0", "ad-1"]
+    control = FleetController.of(
+        parse_fleet(
+            {
+                "gateway": {"autoscaler": {"hold_timeout": 5}},
+                "models": [
+                    {
+                        "name": POOL,
+                        "replicas": 1,
+                        "lora": {
+                            "max_loras": 1,
+                            "adapters": [{"name": n, "path": "/a"} for n in names],
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    up(control, 0.0, 1)
+    ask(control, 1.0, "a0", names[0])  # in flight, holding the one slot
+    control.handle(1.5, Arrived(RouteRequest("b0", names[1], prompt_tokens=100)))
+    wake = control.next_wakeup()
+    assert wake is not None
+    assert wake <= 6.5
+    assert not [c for c in control.handle(6.4, Tick()) if isinstance(c, Reject)]
+    (reject,) = [c for c in control.handle(6.5, Tick()) if isinstance(c, Reject)]
+    assert (reject.request_id, reject.reason) == ("b0", RejectReason.HOLD_TIMEOUT)
 
 
 def test_a_restarted_replica_holds_no_adapter() -> None:

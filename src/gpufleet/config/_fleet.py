@@ -339,7 +339,7 @@ class ModelConfig(_Strict):
     def profile(self, seed: int | None = None) -> ReplicaProfile:
         """The engine flags of this model's replicas: ``tp``, ``max_model_len``,
         ``gpu_memory_utilization``, ``prefix_caching`` and ``lora``'s (``--enable-lora``,
-        ``--max-loras`` and ``--max-cpu-loras`` both ``max_loras``, ``--max-lora-rank``), then
+        ``--max-loras``, ``--max-cpu-loras`` twice that, ``--max-lora-rank``), then
         ``args``, which win.
 
         ``seed`` is the fleet's seed (live: ``gateway.seed``; simulated: the run's seed):
@@ -362,7 +362,9 @@ class ModelConfig(_Strict):
                 base,
                 enable_lora=True,
                 max_loras=lora.max_loras,
-                max_cpu_loras=lora.max_loras,
+                # room for loads over the cap (every slot busy): the engine keeps them
+                # cached, and runs at most max_loras adapters in a batch, as vLLM does
+                max_cpu_loras=2 * lora.max_loras,
                 max_lora_rank=lora.max_lora_rank,
             )
         try:

@@ -4,7 +4,7 @@
 
     adapters = PoolAdapters(lora_config)
     replica = adapters.place(now, "sql", ranking, attempts)   # the policy's choice
-    load, evict = adapters.start(now, replica, "sql")          # a Route's ``load``; an Unload
+    load, evict = adapters.start(now, replica, "sql")          # a Route's ``load``; Unloads
     adapters.end(replica, "sql")                               # its attempt ended
     adapters.forget(replica)                                   # a new process holds none
 
@@ -33,7 +33,10 @@ class AdapterCounters:
     """Attempts that loaded their adapter first (a miss)."""
     unloads: int = 0
     over_cap: int = 0
-    """Loads onto a replica whose every slot was busy (it held one more than ``max_loras``)."""
+    """Loads onto a replica whose every slot was busy (it held one more than ``max_loras``):
+    a retry's or a resume's, which go where they are sent."""
+    waits: int = 0
+    """Requests held until a slot freed (no replica held their adapter, every slot busy)."""
 
 
 class PoolAdapters:
@@ -69,9 +72,10 @@ class PoolAdapters:
             adapter, order, self._held, busy, value=self._value(now), config=self.config
         )
 
-    def start(self, now: float, replica: ReplicaId, adapter: str) -> tuple[bool, str | None]:
+    def start(self, now: float, replica: ReplicaId, adapter: str) -> tuple[bool, list[str]]:
         """An attempt for ``adapter`` starts on ``replica``: whether it loads the adapter
-        first, and the adapter it unloads to make room (``None``: none)."""
+        first, and the adapters it unloads to make room (one for a full replica; more for
+        one left over its cap by earlier loads whose adapters are idle now)."""
         counters = self.counters
         counters.requests += 1
         held = self._held.get(replica)
@@ -80,18 +84,20 @@ class PoolAdapters:
         n = held.pop(adapter, None)
         if n is not None:
             held[adapter] = n + 1  # now the most recently used
-            return False, None
-        placed = load_on(replica, adapter, held, self._value(now), self.config, force=True)
-        assert placed is not None  # forced: a load always has a place
-        evict = placed.evict
-        if evict is not None:
-            del held[evict]
-            counters.unloads += 1
-        elif len(held) >= self.config.max_loras:
-            counters.over_cap += 1
+            return False, []
+        evicted: list[str] = []
+        value = self._value(now)
+        while len(held) >= self.config.max_loras:
+            placed = load_on(replica, adapter, held, value, self.config, force=False)
+            if placed is None or placed.evict is None:  # every one busy: over the cap
+                counters.over_cap += 1
+                break
+            del held[placed.evict]
+            evicted.append(placed.evict)
+        counters.unloads += len(evicted)
         held[adapter] = 1
         counters.loads += 1
-        return True, evict
+        return True, evicted
 
     def end(self, replica: ReplicaId, adapter: str) -> None:
         """An attempt for ``adapter`` on ``replica`` ended."""

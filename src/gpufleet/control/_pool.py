@@ -297,6 +297,8 @@ class PoolController:
             self._done(now, req, event.work, out)
             if decide:
                 self._decide_health(now, out)
+            if self._held and self.adapters is not None:
+                self._slot_freed(now, out)
 
     def _attempt_failed(self, now: float, event: AttemptFailed, out: list[Command]) -> None:
         req = self._requests.get(event.request_id)
@@ -722,6 +724,9 @@ class PoolController:
         adapter = req.request.adapter
         if adapter is not None and self.adapters is not None:
             candidates = self._adapter_candidates(now, adapter, order)
+            if candidates is None:  # every adapter slot busy: it waits for one
+                self._wait_for_slot(now, req, out)
+                return
         else:
             candidates = list(filter(self._reachable.__contains__, order[: self._tries]))
         if not candidates:
@@ -746,17 +751,49 @@ class PoolController:
 
     def _adapter_candidates(
         self, now: float, adapter: str, order: Sequence[ReplicaId]
-    ) -> list[ReplicaId]:
+    ) -> list[ReplicaId] | None:
         """A LoRA adapter's request: the replica adapter placement picks among the reachable
-        ones of the ranking (a holder, or where it loads), then the ranking's next."""
+        ones of the ranking (a holder, or where it loads); ``None``:
+        none holds it and every slot of every one is busy (it waits, unless the pool holds
+        no request: then it goes over the best one's cap)."""
         adapters = self.adapters
         assert adapters is not None
         reach = list(filter(self._reachable.__contains__, order))
+        if not reach:
+            return []
         placed = adapters.place(now, adapter, reach, self.attempts)
         if placed is None:
-            return []
-        first = placed.replica
-        return [first, *(r for r in reach if r != first)][: self._tries]
+            if self.settings.hold_requests > 0:
+                return None
+            first = reach[0]
+        else:
+            first = placed.replica
+        return [first]  # a retry asks placement again (_placed), on a fresh ranking
+
+    def _wait_for_slot(self, now: float, req: _Request, out: list[Command]) -> None:
+        """Hold an adapter's request until an attempt ends and frees a slot (bounded as any
+        held request: ``hold_requests``, ``hold_timeout``); one held already keeps its place
+        and its deadline."""
+        adapters = self.adapters
+        assert adapters is not None
+        if req.phase == _HELD:
+            self._held[req.request.request_id] = req
+            return
+        adapters.counters.waits += 1
+        self._hold(now, req, out)
+
+    def _slot_freed(self, now: float, out: list[Command]) -> None:
+        """An attempt ended: the adapters' requests held for a slot try again, in order."""
+        waiting = [r for r in self._held.values() if r.request.adapter is not None]
+        if not waiting:
+            return
+        # taken out and put back in order (those still waiting), so deadlines stay in order
+        rest = [r for r in self._held.values() if r.request.adapter is None]
+        self._held.clear()
+        for req in rest:
+            self._held[req.request.request_id] = req
+        for req in waiting:
+            self._route(now, req, out)
 
     def _coming(self) -> bool:
         """Whether a routable replica may be on its way: the pool is autoscaled (it scales
@@ -774,7 +811,7 @@ class PoolController:
         self, now: float, req: _Request, replica: ReplicaId, out: list[Command], *, retry: bool
     ) -> str:
         """An attempt starts on ``replica``; the adapter it loads there first (``""``: none;
-        an adapter evicted to make room is unloaded first, into ``out``)."""
+        the adapters evicted to make room are unloaded first, into ``out``)."""
         req.phase, req.replica, req.retry = _ROUTED, replica, retry
         if retry:
             self.active_retries += 1
@@ -784,9 +821,8 @@ class PoolController:
         adapter = request.adapter
         if adapter is None or self.adapters is None:
             return ""
-        load, evict = self.adapters.start(now, replica, adapter)
-        if evict is not None:
-            out.append(UnloadAdapter(self.model, replica, evict))
+        load, evicted = self.adapters.start(now, replica, adapter)
+        out.extend(UnloadAdapter(self.model, replica, gone) for gone in evicted)
         return adapter if load else ""
 
     def _end_attempt(self, now: float, req: _Request, outcome: Outcome) -> bool:
@@ -898,10 +934,21 @@ class PoolController:
             return None, False
         ranking = self.router.rank(now, req.request, self.view)
         self.counters.routed += 1
-        for replica in chain.from_iterable(ranking.tiers):
-            if replica in reachable and replica not in tried:
-                return replica, ranking.panic
-        return None, False
+        options = [
+            r for r in chain.from_iterable(ranking.tiers) if r in reachable and r not in tried
+        ]
+        if not options:
+            return None, False
+        return self._placed(now, req, options), ranking.panic
+
+    def _placed(self, now: float, req: _Request, options: list[ReplicaId]) -> ReplicaId:
+        """The first of ``options`` (a fresh ranking, reachable ones), or for a LoRA
+        adapter's retry or resume where adapter placement puts it (a holder, first)."""
+        adapter, adapters = req.request.adapter, self.adapters
+        if adapter is None or adapters is None:
+            return options[0]
+        placed = adapters.place(now, adapter, options, self.attempts)
+        return options[0] if placed is None else placed.replica
 
     def _resume(self, now: float, req: _Request, broken: ReplicaId, out: list[Command]) -> None:
         """A stream broke after its first byte: continue it on the best reachable replica of
@@ -916,16 +963,19 @@ class PoolController:
         ):
             ranking = self.router.rank(now, req.request, self.view)
             reachable = self._reachable
-            for replica in chain.from_iterable(ranking.tiers):
-                if replica != broken and replica in reachable:
-                    req.resumes += 1
-                    self.counters.resumes += 1
-                    req.candidates = []
-                    load = self._start(now, req, replica, out, retry=False)
-                    rid = req.request.request_id
-                    policy, panic = ranking.policy, ranking.panic
-                    out.append(Route(rid, replica, False, policy, panic, resume=True, load=load))
-                    return
+            options = [
+                r for r in chain.from_iterable(ranking.tiers) if r != broken and r in reachable
+            ]
+            if options:
+                replica = self._placed(now, req, options)
+                req.resumes += 1
+                self.counters.resumes += 1
+                req.candidates = []
+                load = self._start(now, req, replica, out, retry=False)
+                rid = req.request.request_id
+                policy, panic = ranking.policy, ranking.panic
+                out.append(Route(rid, replica, False, policy, panic, resume=True, load=load))
+                return
         self.counters.broken += 1
         self._finish(req, RejectReason.BROKEN, out)
 

@@ -463,6 +463,11 @@ class Gateway:
         ended = False
         state = resume
         bodies = {model: body}  # the body each pool's engines get (_body_of)
+        adapters = control.adapters
+        # a LoRA adapter's request: its pool's engines serve it under the adapter's name
+        keep = adapters is not None and adapters.is_adapter(model)
+        if keep:  # the adapter's pool gets the client's body as it is
+            bodies.update(dict.fromkeys(control.control.served[model].weights(), body))
         try:
             if trace is not None:
                 trace.deciding()
@@ -480,19 +485,36 @@ class Gateway:
             while isinstance(decision, Route):
                 replica = decision.replica
                 pool = decision.model or model
-                upstream = control.upstreams[replica]  # the controller routes to known ones
-                url = upstream.url
-                assert url is not None
+                upstream = control.upstreams.get(replica)
+                url = None if upstream is None else upstream.url
+                if url is None:  # its process went away between the decision and now
+                    last = LocalOriginError(f"replica {replica} is gone")
+                    if decision.resume:  # the client has part of the answer: resume again
+                        assert state is not None
+                        decision = await control.failed(
+                            pool, request_id, last.outcome, streamed=True
+                        )
+                        if not isinstance(decision, Route):  # it ends in an error event
+                            ended = True
+                            metrics.child(metrics.resumes, pool, "broken").inc()
+                            await self._break_stream(send, state.tail, state.failure)
+                            return 200
+                    else:
+                        decision = await self._retry(pool, request_id, last, trace)
+                    continue
                 if admitted is not None:
                     admitted.replica = replica
                 (in_flight := metrics.child(metrics.in_flight, replica)).inc()
                 outcome = Outcome.CANCELLED
                 sent = headers if trace is None else trace.attempt(decision, pool, url, headers)
                 try:
+                    if keep:
+                        await control.adapter_ready(decision, model)
                     if decision.resume:
                         assert state is not None
+                        body_now = state.body if keep else _for_pool(state.body, pool, model)
                         status, outcome, broke = await self._resume(
-                            UpstreamRequest(url, path, _for_pool(state.body, pool, model), sent),
+                            UpstreamRequest(url, path, body_now, sent),
                             state,
                             send,
                             request_id,

@@ -60,9 +60,11 @@ from gpufleet.control import (
     Sleep,
     Standbys,
     Tick,
+    UnloadAdapter,
     Wake,
 )
 from gpufleet.fleet import FleetView, Outcome, ReplicaId, RouteRequest
+from gpufleet.gateway._adapters import AdapterShell
 from gpufleet.gateway._autoscale import ScaleExecutor
 from gpufleet.gateway._errors import GatewayError, NoReplicaError, UpstreamError
 from gpufleet.gateway._kv_events import KvFeeds
@@ -143,6 +145,8 @@ class LiveControl:
         )
         """Sleep and Wake over HTTP (``None``: every pool is always resident)."""
         self._residency_shown = -1
+        self.adapters = AdapterShell.of(config, metrics.registry)
+        """LoRA adapter loads and unloads over HTTP (``None``: the fleet serves none)."""
         self._kv_pools = frozenset(n for n, p in self.pools.items() if p.settings.kv_events)
         """Pools whose router reads KV events (their engines are subscribed to)."""
         self._kv_names = {
@@ -190,6 +194,8 @@ class LiveControl:
         commands = control.handle(now, event)
         for command in commands:
             if isinstance(command, _DECISIONS):
+                if isinstance(command, Route) and command.load:
+                    self._load(command)
                 waiter = self._waiters.pop(command.request_id, None)
                 if waiter is None:  # decided inside its own event: taken back at once
                     self._early[command.request_id] = command
@@ -247,6 +253,10 @@ class LiveControl:
         elif isinstance(command, Abandon):
             self.metrics.child(self.metrics.abandoned, command.model).inc(len(command.request_ids))
             self.abandon(command.request_ids)
+        elif isinstance(command, UnloadAdapter):
+            url, client = self._url_of(command.replica), self._client
+            if self.adapters is not None and url is not None and client is not None:
+                self.adapters.unload(client, command.replica, url, command.adapter)
 
     def abandon(self, request_ids: Iterable[str]) -> None:
         """End these requests' attempts now: each one's timeout falls due (the app reports a
@@ -272,6 +282,20 @@ class LiveControl:
             self.abandoned.discard(rid)
             return True
         return False
+
+    def _load(self, route: Route) -> None:
+        """A Route that loads its adapter first: the load starts now."""
+        adapters, client, url = self.adapters, self._client, self._url_of(route.replica)
+        if adapters is not None and client is not None and url is not None:
+            adapters.begin(client, route.replica, url, route.load)
+
+    async def adapter_ready(self, route: Route, served: str) -> None:
+        """Before an attempt of a request for served name ``served``: when it is a LoRA
+        adapter, return once the route's replica has it loaded (its Route's load, or one
+        under way there). ``UpstreamError``: the load failed (the attempt fails)."""
+        adapters = self.adapters
+        if adapters is not None and adapters.is_adapter(served):
+            await adapters.ready(route.replica, served)
 
     def _url_of(self, replica: ReplicaId) -> str | None:
         upstream = self.upstreams.get(replica)
@@ -498,6 +522,8 @@ class LiveControl:
             )
         for replica in gone:
             self.views.forget(replica.name)
+            if self.adapters is not None:
+                self.adapters.forget(replica.name)
             # its other series and cached children (queue, KV, attempts, in flight)
             self.metrics.forget_replica(replica.name)
             if self._on_gone is not None:

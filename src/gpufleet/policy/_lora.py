@@ -31,8 +31,10 @@ ties least recently used (``evict: lru``: the least recently used, as vLLM's own
 cache evicts). Plain LRU evicts a hot adapter that was idle a moment on this
 replica as readily as a cold one; frequency keeps the Zipf head resident. An adapter with
 requests in flight is never evicted: when every candidate's every slot is busy, the request
-goes to the best holder (guard or not), else to the best-ranked replica over its cap (vLLM
-makes room in its own LRU, reloading later; the next load there evicts back down).
+goes to the best holder (guard or not), else it waits at the gateway until an attempt ends
+and frees a slot (the pool controller holds it). A retry or a resume goes where it is sent,
+over that replica's cap if it must (the engine keeps the adapter cached: its
+``--max-cpu-loras`` is twice ``max_loras``); the next load there evicts back down.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ class LoraConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_loras: int = Field(8, ge=1)
-    """Adapters one replica holds at once (vLLM's ``--max-loras`` and ``--max-cpu-loras``)."""
+    """Adapters one replica holds at once (vLLM's ``--max-loras``: adapters in one batch;
+    its ``--max-cpu-loras``, the adapters it keeps loaded, is set to twice this, room for
+    the loads that go over the cap when every slot is busy)."""
     max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16
     """The largest rank the engines accept (vLLM's ``--max-lora-rank``, one of its values)."""
     affinity: bool = True
@@ -121,7 +125,9 @@ def place_adapter(
     config: LoraConfig,
 ) -> Placement | None:
     """Where a request for ``adapter`` goes among ``order`` (the router's ranking, best
-    first; ``None``: empty). ``slots[r]``: the adapters ``r`` holds, least recently used
+    first). ``None``: nowhere now (``order`` is empty, or no replica holds the adapter and
+    every slot of every one is busy: the request waits for one). ``slots[r]``: the adapters
+    ``r`` holds, least recently used
     first, each with its requests in flight; ``busy[r]``: ``r``'s requests in flight;
     ``value(a)``: what keeping ``a`` is worth (see the module docstring)."""
     if not order:
@@ -138,8 +144,8 @@ def place_adapter(
         if busy.get(r, 0) <= ceiling:
             return Placement(r)
     placed = _new_copy(adapter, order, slots, busy, ceiling, value, config)
-    if placed is None:  # every slot busy: the best holder, else the first over its cap
-        placed = Placement(holders[0]) if holders else Placement(order[0], load=True)
+    if placed is None and holders:  # every slot busy: the best holder, guard or not
+        placed = Placement(holders[0])
     return placed
 
 
