@@ -6,11 +6,12 @@ load time, and the run replays to the same commands."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
 from gpufleet.catalog import get_gpu, get_model
-from gpufleet.config import FleetConfig, parse_fleet
+from gpufleet.config import FleetConfig, load_fleet, parse_fleet
 from gpufleet.control import read_recording, replay
 from gpufleet.perf import lora_load_seconds
 from gpufleet.sim import (
@@ -96,3 +97,23 @@ def test_a_request_that_loads_its_adapter_waits_the_modelled_load_time() -> None
     head, lines = read_recording(recording.splitlines())
     for line, commands in replay(head, lines):
         assert commands == line.commands
+
+
+def test_the_lora_example_serves_its_adapters_and_base_model() -> None:
+    """``examples/lora-adapters.yaml``, simulated: a mix of its adapters and its base model
+    is answered, each adapter loaded once (one replica holds it: affinity), the base model's
+    requests loading nothing."""
+    example = load_fleet(Path(__file__).parents[2] / "examples" / "lora-adapters.yaml")
+    names = ["llama-8b", "sql-expert", "support-fr", "legal-summary"]
+    requests = [TraceRequest(0.05 * i, 200, 20, model=names[i % 4]) for i in range(200)]
+    sim = FleetSimulation(example, SimOptions(seed=0))
+    sim.start(requests)
+    sim.run()
+    assert sim.check() == []
+    log = list(sim.harness.recorder.log)
+    assert len(log) == 200
+    assert not any(r.failed or r.rejected for r in log)
+    adapters = sim.control.pools["llama-8b"].adapters
+    assert adapters is not None
+    assert adapters.counters.requests == 150
+    assert adapters.counters.loads == 3
