@@ -10,6 +10,7 @@ import pytest
 
 from gpufleet.config import FleetFileError, parse_fleet
 from gpufleet.control import (
+    AdapterAdded,
     Arrived,
     Finished,
     FleetController,
@@ -224,3 +225,24 @@ def test_a_recording_of_adapter_placement_replays_to_the_same_commands() -> None
     assert n > 40
     assert any('"unload_adapter"' in text for text in recording.getvalue().splitlines())
     assert command_to_json(UnloadAdapter(POOL, ReplicaId("x"), "a"))["do"] == "unload_adapter"
+
+
+def test_an_adapter_added_at_run_time_is_served_and_replays() -> None:
+    control, _ = lora_fleet(adapters=0, replicas=2)
+    recording = io.StringIO()
+    control.record(recording)
+    up(control, 0.0, 2)
+    with pytest.raises(ValueError, match="already a served name"):
+        control.handle(0.5, AdapterAdded(POOL, POOL, "/x", 8))
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        control.handle(0.5, AdapterAdded(POOL, "big", "/x", 64))
+    control.handle(1.0, AdapterAdded(POOL, "late", "/adapters/late", 8))
+    assert control.served["late"].adapter
+    first, _ = ask(control, 2.0, "r0", "late")
+    assert first.load == "late"
+    done(control, 2.5, "r0")
+    second, _ = ask(control, 3.0, "r1", "late")
+    assert (second.replica, second.load) == (first.replica, "")
+    head, lines = read_recording(io.StringIO(recording.getvalue()).readlines())
+    for line, commands in replay(head, lines):
+        assert commands == line.commands

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,14 +86,16 @@ def sample(page: str, name: str, **labels: str) -> float | None:
 
 
 @contextmanager
-def vllm_fleet(work: Path, replicas: int = 2) -> Iterator[RunningFleet]:
+def vllm_fleet(
+    work: Path, replicas: int = 2, *, extra: Callable[[Path], str] | None = None
+) -> Iterator[RunningFleet]:
     """Generate the tiny model, start ``gpufleet up`` and wait until it serves; stop it after
-    (SIGTERM: the gateway stops, the runtime drains and stops every replica)."""
+    (SIGTERM: the gateway stops, the runtime drains and stops every replica). ``extra``:
+    given the tiny model's directory, more YAML for the pool (indented 4, as its fields)."""
     path = make_tiny_llama(work / "tiny-llama")
     fleet = work / "fleet.yaml"
-    fleet.write_text(
-        FLEET.format(model=MODEL, path=path, replicas=replicas, budget=STARTUP_BUDGET_S)
-    )
+    text = FLEET.format(model=MODEL, path=path, replicas=replicas, budget=STARTUP_BUDGET_S)
+    fleet.write_text(text + (extra(path) if extra is not None else ""))
     log, run_dir = work / "up.out", work / "run"
     with log.open("wb") as out:
         process = subprocess.Popen(

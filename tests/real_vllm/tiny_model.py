@@ -76,3 +76,30 @@ if __name__ == "__main__":
     import sys
 
     print(make_tiny_llama(Path(sys.argv[1])))
+
+
+def make_tiny_lora(base: Path, path: Path, *, seed: int, rank: int = 8) -> Path:
+    """A random rank-``rank`` LoRA adapter of the tiny model (``q_proj`` and ``v_proj``),
+    made with ``peft`` into ``path``: its ``lora_B`` is drawn at random (peft starts it at
+    zero, which would leave the model's answers unchanged). Return ``path``."""
+    import torch  # noqa: PLC0415 - only in the vLLM environment
+    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+    from transformers import LlamaForCausalLM  # noqa: PLC0415
+
+    torch.manual_seed(seed)  # before get_peft_model, which draws lora_A
+    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=["q_proj", "v_proj"],
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    adapted = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+    adapted.save_pretrained(path)
+    return path

@@ -15,7 +15,7 @@ commands, its vocabulary: a :class:`Standby` the runtime reports, a :class:`Scal
 a routing view (:func:`redundancy`, :class:`Redundancy`), the priority classes
 (:data:`CLASSES`), a rollout's settings and decisions (:class:`RolloutConfig`,
 :class:`RolloutDecision` and their enums) and a replica's :class:`Residency`
-(:func:`asleep_at`).
+(:func:`asleep_at`), and a LoRA adapter's :class:`AdapterConfig`.
 
 Residency (:class:`ResidencyControl`, docs/residency.md) is decided above the pools: a GPU
 slot may be shared by several pools' replicas; its commands are :class:`Sleep` and
@@ -28,6 +28,7 @@ command), so a weighted split or a fallback is decided once, live and simulated 
 
 from gpufleet.control._events import (
     Abandon,
+    AdapterAdded,
     Arrived,
     AttemptFailed,
     ClientGone,
@@ -81,6 +82,7 @@ from gpufleet.control._settings import PoolSettings
 from gpufleet.policy import (
     BATCH,
     CLASSES,
+    AdapterConfig,
     AnalysisConfig,
     EjectionRecord,
     PoolView,
@@ -107,6 +109,8 @@ __all__ = [
     "BATCH",
     "CLASSES",
     "Abandon",
+    "AdapterAdded",
+    "AdapterConfig",
     "AnalysisConfig",
     "Arrived",
     "AttemptFailed",

@@ -42,11 +42,14 @@ class AdapterCounters:
 class PoolAdapters:
     """One pool's adapters per replica, least recently used first, with attempts in flight."""
 
-    __slots__ = ("_held", "_meters", "config", "counters")
+    __slots__ = ("_held", "_meters", "config", "counters", "registered")
 
     def __init__(self, config: LoraConfig) -> None:
         self.config = config
         self.counters = AdapterCounters()
+        self.registered: dict[str, str] = {a.name: a.path for a in config.adapters}
+        """Every adapter the pool serves and where its engines load it from: the fleet
+        file's, then those registered at run time (``AdapterAdded``)."""
         self._held: dict[ReplicaId, dict[str, int]] = {}
         self._meters: dict[str, DemandMeter] = {}
 

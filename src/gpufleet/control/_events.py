@@ -250,6 +250,17 @@ class Preempting:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterAdded:
+    """Pool ``model`` serves LoRA adapter ``name`` from now on (an operator registered it:
+    ``POST /admin/adapters``): a served name over the pool, loaded where it is needed."""
+
+    model: str
+    name: str
+    path: str
+    rank: int
+
+
 Event = (
     Replicas
     | Scraped
@@ -267,6 +278,7 @@ Event = (
     | Resident
     | KvEvents
     | Preempting
+    | AdapterAdded
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -513,6 +525,14 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
             return _kv_events_json(event)
         case Preempting(model=model, replica=replica, at=at):
             return {"kind": "preempting", "model": model, "replica": replica, "at": at}
+        case AdapterAdded(model=model, name=name, path=path, rank=rank):
+            return {
+                "kind": "adapter_added",
+                "model": model,
+                "name": name,
+                "path": path,
+                "rank": rank,
+            }
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -641,6 +661,9 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
     ),
     "kv": _kv_events,
     "preempting": lambda d: Preempting(str(d["model"]), ReplicaId(d["replica"]), float(d["at"])),
+    "adapter_added": lambda d: AdapterAdded(
+        str(d["model"]), str(d["name"]), str(d["path"]), int(d["rank"])
+    ),
 }
 
 

@@ -29,6 +29,7 @@ from typing import IO, Any, Final
 
 from gpufleet.config import FleetConfig
 from gpufleet.control._events import (
+    AdapterAdded,
     Arrived,
     AttemptFailed,
     ClientGone,
@@ -120,7 +121,7 @@ class QueueReport:
 
 _REQUEST_EVENTS: Final = (AttemptFailed, Finished, ClientGone)
 _ROLLOUT_EVENTS: Final = (Latencies, RolloutStart, RolloutAct)
-_FLEET_EVENTS: Final = (Tick, *_ROLLOUT_EVENTS, Weights, Resident)
+_FLEET_EVENTS: Final = (Tick, *_ROLLOUT_EVENTS, Weights, Resident, AdapterAdded)
 """Events of no one pool (the rest go to the pool they name)."""
 
 
@@ -235,6 +236,10 @@ class FleetController:
         elif isinstance(event, Weights):
             self.touched = None
             self._reweigh(event)
+            commands = []
+        elif isinstance(event, AdapterAdded):
+            self.touched = None
+            self._add_adapter(event)
             commands = []
         else:  # Resident
             commands = []  # residency's own (below)
@@ -373,6 +378,32 @@ class FleetController:
         if isinstance(event, RolloutStart):
             return rollouts.start(now, event, self._ready())
         return rollouts.act(now, event)
+
+    def _add_adapter(self, event: AdapterAdded) -> None:
+        """A LoRA adapter registered at run time becomes a served name over its pool
+        (``ValueError``: the pool serves no adapters, the name is taken, the rank too big)."""
+        pool = self.pools.get(event.model)
+        if pool is None or pool.adapters is None:
+            raise ValueError(f"adapters: pool {event.model!r} has no `lora` block")
+        if event.name in self.served:
+            raise ValueError(f"adapters: {event.name!r} is already a served name")
+        config = pool.adapters.config
+        if not 1 <= event.rank <= config.max_lora_rank:
+            raise ValueError(
+                f"adapters: rank {event.rank} is not within 1..{config.max_lora_rank} "
+                "(the pool's max_lora_rank)"
+            )
+        settings = pool.settings
+        self.served[event.name] = ServedModel(
+            event.name,
+            [(event.model, 1.0)],
+            (),
+            hashes=settings.hashes,
+            plain=False,
+            reach=settings.context,
+            adapter=True,
+        )
+        pool.adapters.registered[event.name] = event.path
 
     def _reweigh(self, event: Weights) -> None:
         served = self.served.get(event.model)

@@ -76,13 +76,18 @@ class AdapterShell:
 
     @staticmethod
     def of(fleet: FleetConfig, registry: CollectorRegistry) -> AdapterShell | None:
-        """``None`` for a fleet that serves no adapter."""
-        if not fleet.adapters():
+        """``None`` for a fleet with no pool that serves adapters (no ``lora`` block)."""
+        if not any(m.lora is not None for m in fleet.models):
             return None
         return AdapterShell(fleet, AdapterMetrics(registry))
 
     def is_adapter(self, name: str) -> bool:
         return name in self._pool_of
+
+    def register(self, pool: str, name: str, path: str) -> None:
+        """An adapter registered at run time (``POST /admin/adapters``)."""
+        self._pool_of[name] = pool
+        self._paths[name] = path
 
     def begin(self, client: ReplicaClient, replica: ReplicaId, url: str, adapter: str) -> None:
         """Start the load a Route asks for, the moment the controller decides it: a request

@@ -8,6 +8,8 @@ that may call it (viewer < operator < admin; the table is ``ROUTES`` here and
     POST   /admin/replicas/{name}/drain        (the fleet's: ``_admin_fleet``)
     GET    /admin/rollouts[/{model}],
     POST   /admin/rollouts[/{model}/{action}]  (rollouts': ``_admin_rollouts``)
+    GET    /admin/adapters,
+    POST   /admin/adapters                     (LoRA adapters': ``_admin_adapters``)
     GET    /admin/tenants                      viewer    every tenant and its settings
     PUT    /admin/tenants/{name}               operator  create or replace a tenant's settings
     GET    /admin/keys[?tenant=NAME]           viewer    active keys (ids, never secrets)
@@ -42,6 +44,7 @@ from typing import Any, Final
 from urllib.parse import parse_qs, unquote
 
 from gpufleet.config import FleetConfig
+from gpufleet.gateway._admin_adapters import ADAPTER_ROUTES
 from gpufleet.gateway._admin_fleet import FLEET_ROUTES, FleetActions
 from gpufleet.gateway._admin_rollouts import ROLLOUT_ROUTES
 from gpufleet.gateway._admin_routes import AdminRoute, match
@@ -112,7 +115,7 @@ class AdminApi:
         """What operators may do to replicas (``None``: nothing; the gateway does not run
         them)."""
         self.clock = clock
-        self.routes = (*ROUTES, *FLEET_ROUTES, *ROLLOUT_ROUTES)
+        self.routes = (*ROUTES, *FLEET_ROUTES, *ROLLOUT_ROUTES, *ADAPTER_ROUTES)
         self._metrics_allow = tuple(
             ipaddress.ip_network(n, strict=False) for n in config.gateway.metrics_allow
         )

@@ -172,22 +172,21 @@ class Gateway:
         )
         """The pools whose engines are scraped: one rule with the simulator's
         (``PoolSettings.scraped``: the router, the admission gauge or the autoscaler reads them)."""
-        self._models_body = json.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": m.name,
-                        "object": "model",
-                        "created": self._created,
-                        "owned_by": "gpufleet",
-                    }
-                    for m in config.served_names()
-                ],
-            }
-        ).encode()
+        self._models_body = b""
+        self._models_count = -1
         """``/v1/models``: the served names (a pool that is only another name's variant is
-        not one)."""
+        not one; LoRA adapters registered at run time too), made again when they change."""
+
+    def _models(self) -> bytes:
+        served = self.control.control.served
+        if len(served) != self._models_count:  # names are only ever added
+            data = [
+                {"id": name, "object": "model", "created": self._created, "owned_by": "gpufleet"}
+                for name in served
+            ]
+            self._models_body = json.dumps({"object": "list", "data": data}).encode()
+            self._models_count = len(served)
+        return self._models_body
 
     # -- ASGI -----------------------------------------------------------------------------
 
@@ -245,7 +244,7 @@ class Gateway:
                 raise MethodNotAllowedError(f"{method} is not allowed on {path}")
             raise RouteNotFoundError(f"no route {method} {path}")
         if path == "/v1/models":
-            await _respond(send, rid, 200, self._models_body)
+            await _respond(send, rid, 200, self._models())
         elif path == "/health":
             await _respond(send, rid, 200, b'{"status":"ok"}')
         elif path == "/ready":

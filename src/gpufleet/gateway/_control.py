@@ -33,6 +33,7 @@ from typing import IO, Final
 from gpufleet.config import FleetConfig
 from gpufleet.control import (
     Abandon,
+    AdapterAdded,
     Arrived,
     AttemptFailed,
     ClientGone,
@@ -282,6 +283,12 @@ class LiveControl:
             self.abandoned.discard(rid)
             return True
         return False
+
+    def add_adapter(self, event: AdapterAdded) -> None:
+        """Register a LoRA adapter at run time (``ValueError``: the controller refused it)."""
+        self.handle(event)
+        if self.adapters is not None:
+            self.adapters.register(event.model, event.name, event.path)
 
     def _load(self, route: Route) -> None:
         """A Route that loads its adapter first: the load starts now."""
