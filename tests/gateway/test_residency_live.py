@@ -104,6 +104,11 @@ async def test_two_models_share_a_slot_taking_turns_without_a_failed_request(
                 woken += float(line.rsplit(" ", 1)[1])
         assert sorted(asleep) == [False, True]
         assert woken == wakes
+        # the console's view says the same: one serving, one asleep (and no adapters)
+        async with httpx.AsyncClient(timeout=5) as http:
+            pools = (await http.get(fleet.url + "/admin/fleet")).json()["pools"]
+        shown = sorted((r["residency"], r["adapters"]) for p in pools for r in p["replicas"])
+        assert shown == [("serving", None), ("sleeping_1", None)]
         assert (
             fleet.sample(
                 "gpufleet:replica_residency",

@@ -14,13 +14,10 @@ restart.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, Final
 
-import pydantic
-
 from gpufleet.control import AdapterAdded, AdapterConfig
-from gpufleet.gateway._admin_routes import AdminRoute
+from gpufleet.gateway._admin_routes import AdminRoute, named_body
 from gpufleet.gateway._errors import BadRequestError, ConflictError, NotFoundError
 from gpufleet.store import Role
 
@@ -54,22 +51,9 @@ async def _list(call: AdminCall) -> tuple[int, Any]:
 
 
 async def _add(call: AdminCall) -> tuple[int, Any]:
-    try:
-        data = json.loads(call.body or b"{}")
-    except ValueError as error:
-        raise BadRequestError(f"the body is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise BadRequestError("the body must be a JSON object")
-    model = data.pop("model", None)
-    if not isinstance(model, str) or not model:
-        raise BadRequestError("`model`: name the pool that serves the adapter")
-    try:
-        adapter = AdapterConfig.model_validate(data)
-    except pydantic.ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        raise BadRequestError(f"{where}: {message}" if where else message) from None
+    model, adapter = named_body(
+        call.body, "model", "name the pool that serves the adapter", AdapterConfig
+    )
     control = call.api.control
     pool = control.pools.get(model)
     if pool is None:

@@ -16,13 +16,10 @@ rollout`` does). Errors are OpenAI-shaped: a body that is not a rollout
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, Final
 
-import pydantic
-
 from gpufleet.control import RolloutAct, RolloutAction, RolloutConfig, RolloutStart
-from gpufleet.gateway._admin_routes import AdminRoute
+from gpufleet.gateway._admin_routes import AdminRoute, named_body
 from gpufleet.gateway._errors import BadRequestError, ConflictError, NotFoundError
 from gpufleet.store import Role
 
@@ -50,22 +47,9 @@ async def _one(call: AdminCall) -> tuple[int, Any]:
 
 
 async def _start(call: AdminCall) -> tuple[int, Any]:
-    try:
-        data = json.loads(call.body or b"{}")
-    except ValueError as error:
-        raise BadRequestError(f"the body is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise BadRequestError("the body must be a JSON object")
-    model = data.pop("model", None)
-    if not isinstance(model, str) or not model:
-        raise BadRequestError("`model`: name the served model to roll out")
-    try:
-        config = RolloutConfig.model_validate(data)
-    except pydantic.ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        raise BadRequestError(f"{where}: {message}" if where else message) from None
+    model, config = named_body(
+        call.body, "model", "name the served model to roll out", RolloutConfig
+    )
     control = call.api.control
     if model not in control.control.served:
         served = ", ".join(control.control.served)

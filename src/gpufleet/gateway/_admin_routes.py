@@ -11,11 +11,14 @@ before anything is read or done, in one place (``AdminApi``), so no handler can 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpufleet.gateway._errors import MethodNotAllowedError, RouteNotFoundError
+import pydantic
+
+from gpufleet.gateway._errors import BadRequestError, MethodNotAllowedError, RouteNotFoundError
 from gpufleet.store import Role
 
 if TYPE_CHECKING:
@@ -23,6 +26,29 @@ if TYPE_CHECKING:
 
 Handler = Callable[["AdminCall"], Awaitable[tuple[int, Any]]]
 """A route's work: the call in, ``(status, JSON answer)`` out."""
+Model = TypeVar("Model", bound=pydantic.BaseModel)
+
+
+def named_body(body: bytes, name: str, why: str, model: type[Model]) -> tuple[str, Model]:
+    """A JSON object body: its ``name`` field (a non-empty string; ``why`` says what to put
+    there) and the rest validated as ``model``. ``BadRequestError`` (400) says what is wrong,
+    with the field's path."""
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError as error:
+        raise BadRequestError(f"the body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise BadRequestError("the body must be a JSON object")
+    value = data.pop(name, None)
+    if not isinstance(value, str) or not value:
+        raise BadRequestError(f"`{name}`: {why}")
+    try:
+        return value, model.model_validate(data)
+    except pydantic.ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise BadRequestError(f"{where}: {message}" if where else message) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,6 +193,9 @@ class FleetWatch:
         last = samples[-1] if samples else None
         then = _at_or_before(samples, now - WINDOW)
         window = _point(then, last) if last is not None else None
+        residency = self.control.control.residency
+        states = residency.replicas_of(model) if residency is not None else {}
+        held = pool.adapters.held() if pool.adapters is not None else {}
         replicas = []
         for replica in self._view(model):
             load = self._load(model, replica.id, replica.load)
@@ -207,6 +210,10 @@ class FleetWatch:
                     "running": None if load is None else load[0],
                     "waiting": None if load is None else load[1],
                     "kv": None if load is None else round(load[2], 4),
+                    # where its model is (docs/residency.md): None for an always-resident pool
+                    "residency": None if (at := states.get(replica.id)) is None else at.value,
+                    # its LoRA adapters, least recently used first: None for a pool without
+                    "adapters": None if pool.adapters is None else list(held.get(replica.id, ())),
                     "gpus": None
                     if gpus is None
                     else {

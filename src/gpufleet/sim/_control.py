@@ -40,6 +40,7 @@ trace shares is a run of hashes the router sees shared.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -547,17 +548,7 @@ class SimControl:
         harness = self._harness
         assert harness is not None
         kernel = harness.kernel
-        later = Route(
-            route.request_id,
-            route.replica,
-            route.retry,
-            route.policy,
-            route.panic,
-            route.matched,
-            route.held,
-            route.resume,
-            route.model,
-        )
+        later = dataclasses.replace(route, load="")  # (replace is slow, but only loads pay it)
         kernel.schedule(max(ready, kernel.shared_floor()), URGENT, Dispatch(self, (later,)))
         return True
 

@@ -143,7 +143,7 @@ function buildPool(pool) {
     { class: "pool", dataset: { pool: pool.model } },
     el("h2", {}, pool.model, " ", el("small", {}, `${pool.engine} · ${pool.router}${pool.autoscaled ? " · autoscaled" : ""}`)),
     el("div", { class: "stats" }),
-    el("table", {}, el("thead", {}, el("tr", {}, ...["replica", "state", "in flight", "running", "waiting", "KV cache", "GPU", ""].map((h) => el("th", {}, h)))), el("tbody")),
+    el("table", {}, el("thead", {}, el("tr", {}, ...["replica", "state", "in flight", "running", "waiting", "KV cache", "GPU", "resident", ""].map((h) => el("th", {}, h)))), el("tbody")),
     charts,
   );
 }
@@ -185,6 +185,15 @@ function gpuCell(g) {
   return el("td", { class: "gpu", title, dataset: { util: String(g.util) } }, `${fmt.pct(g.util)} · ${Math.round(g.power_w)} W${memory}`);
 }
 
+function residentCell(r) {
+  // residency (serving, sleeping_1, waking, …) and the LoRA adapters it holds, if any
+  const parts = [];
+  if (r.residency) parts.push(r.residency);
+  if (r.adapters) parts.push(r.adapters.length ? `LoRA: ${r.adapters.join(", ")}` : "LoRA: none");
+  const title = "Where its model is (sleep mode), and the LoRA adapters it holds, least recently used first";
+  return el("td", { class: "resident", title }, parts.length ? parts.join(" · ") : "–");
+}
+
 function replicaRow(model, r) {
   const kv = r.kv === null ? null : Math.min(Math.max(r.kv, 0), 1);
   const bar = el("span", { class: kv !== null && kv > 0.9 ? "bar hot" : "bar" }, el("i"));
@@ -209,6 +218,7 @@ function replicaRow(model, r) {
     el("td", {}, fmt.n(r.waiting)),
     el("td", {}, bar, fmt.pct(r.kv)),
     gpuCell(r.gpus),
+    residentCell(r),
     el("td", {}, action),
   );
 }
