@@ -20,6 +20,9 @@ import httpx
 import openai
 import pytest
 
+pytest.importorskip("vllm", reason="vLLM is installed by `make test-vllm` only")
+pytest.importorskip("peft", reason="peft is installed by `make test-vllm` only")
+
 from tests.real_vllm.fleet import MODEL, RunningFleet, vllm_fleet
 from tests.real_vllm.tiny_model import make_tiny_lora
 
