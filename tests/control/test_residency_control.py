@@ -226,3 +226,30 @@ def test_a_busy_replicas_drain_is_timed_and_charged_to_the_next_eviction() -> No
     assert residency.drain_seconds(B) == 0.0  # draining, not over yet
     control.handle(3.0, Finished(B, "b1"))
     assert residency.drain_seconds(B) == residency.drain_seconds(A) == 1.0
+
+
+def test_a_wake_that_fails_is_tried_again_after_a_back_off_that_doubles() -> None:
+    control = fleet(min_awake=0.0)
+    start(control)
+    control.handle(0.5, Resident(A, A0, Residency.SLEEPING_1))
+    control.handle(0.6, Resident(B, B0, Residency.SLEEPING_1))  # both asleep: room for A
+    (wake,) = of(Wake, arrive(control, 1.0, "a1", A))
+    assert wake.replica == A0
+    # the engine answered the wake with an error and says it is still asleep
+    assert not of(Wake, list(control.handle(1.2, Resident(A, A0, Residency.SLEEPING_1))))
+    residency = control.residency
+    assert residency is not None
+    assert residency.counters.failed_wakes == 1
+    assert residency.next_wakeup() == 2.2  # a second later (WAKE_BACKOFF)
+    assert not of(Wake, arrive(control, 1.5, "a2", A))  # more held requests: no hammering
+    assert not of(Wake, list(control.handle(2.1, Tick())))
+    (again,) = of(Wake, list(control.handle(2.2, Tick())))
+    assert again.replica == A0
+    control.handle(2.3, Resident(A, A0, Residency.SLEEPING_1))  # fails again: 2 s now
+    assert residency.next_wakeup() == 4.3
+    (third,) = of(Wake, list(control.handle(4.3, Tick())))
+    assert third.replica == A0
+    # it wakes: the held requests are served, and the next failure starts at 1 s again
+    out = list(control.handle(4.6, Resident(A, A0, Residency.SERVING)))
+    assert sorted(r.request_id for r in of(Route, out)) == ["a1", "a2"]
+    assert residency.counters.failed_wakes == 2

@@ -59,6 +59,11 @@ _LEVEL_1_SPEEDUP: Final = 20.0
 """The prior of a level-1 wake: ``startup.load`` divided by this."""
 _WAKE_EWMA: Final = 0.5
 """Weight of the newest observed wake time in a pool's estimate."""
+WAKE_BACKOFF: Final = 1.0
+"""Seconds before a replica whose wake failed is woken again; doubled for each failure in a
+row, at most ``WAKE_BACKOFF_MAX`` (an engine that keeps refusing is not hammered, and a
+held request's pool may wake another replica meanwhile)."""
+WAKE_BACKOFF_MAX: Final = 30.0
 
 
 @dataclass(slots=True)
@@ -81,6 +86,10 @@ class _Replica:
     """It serves because a Wake woke it (``min_awake`` holds it), not since it started."""
     drain_from: float | None = None
     """When it was chosen to sleep with requests in flight (its drain is being timed)."""
+    failed_wakes: int = 0
+    """Wakes in a row that failed (the engine still asleep after its Wake)."""
+    retry_at: float = 0.0
+    """Not woken again before this: ``WAKE_BACKOFF`` doubled per failed wake in a row."""
 
 
 @dataclass(slots=True)
@@ -92,6 +101,8 @@ class ResidencyCounters:
     wake_seconds: float = 0.0
     """Total time from Wake to Resident(serving), over ``wakes``."""
     evictions: int = 0
+    failed_wakes: int = 0
+    """Wakes the engine did not carry out (it reported itself still asleep)."""
 
 
 def slot_of(replica: ReplicaId, pool: str, slots: str | None) -> tuple[str, int]:
@@ -210,7 +221,13 @@ class ResidencyControl:
         r = self._replicas.get(event.replica)
         if r is None:
             return
+        if r.wake_sent is not None and event.state in ASLEEP:  # the wake failed: back off
+            r.failed_wakes += 1
+            self.counters.failed_wakes += 1
+            backoff = WAKE_BACKOFF * 2 ** (r.failed_wakes - 1)
+            r.retry_at = now + min(backoff, WAKE_BACKOFF_MAX)
         if event.state is Residency.SERVING:
+            r.failed_wakes, r.retry_at = 0, 0.0
             if r.wake_sent is not None:
                 took = now - r.wake_sent
                 key = (*self._weights(r.pool), r.level)
@@ -275,6 +292,7 @@ class ResidencyControl:
                 self._memory[r.pool],
                 self._models[r.pool].residency,
                 r.woken,
+                r.retry_at,
             )
             for r in self._replicas.values()
         )

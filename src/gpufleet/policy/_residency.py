@@ -19,8 +19,9 @@ The decision, level-triggered (the same view gives the same decision):
 1. **Overcommit** (engines start awake): a slot holding more than 1 puts its least valuable
    residents to sleep until it fits.
 2. **Wake on demand**: a pool with held requests and no replica serving or waking gets one
-   woken — the asleep replica whose slot needs the cheapest evictions (none: a slot with
-   room; the price: value, and a drain, below). Evictions never touch an ``always``
+   woken (not one whose wakes failed, until its back-off ends) — the asleep replica whose
+   slot needs the cheapest evictions (none: a slot with room; the price: value, and a
+   drain, below). Evictions never touch an ``always``
    resident; one woken less than ``min_awake`` seconds ago is evicted only once that has
    passed (hysteresis: two models alternating on one slot take turns of at least that
    long instead of thrashing; an engine that started awake was woken for no one and is
@@ -158,6 +159,8 @@ class Resident:
     woken: bool = True
     """It serves because a Wake woke it. An engine that started awake (or stayed awake
     after a failed sleep) was woken for no one: ``min_awake`` does not hold it."""
+    retry_at: float = 0.0
+    """Its last wakes failed: it is not woken again before this (a back-off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,6 +415,9 @@ class _Choice:
         for slot in slots:
             for r in slot.residents:
                 if r.pool != pool or r.state not in ASLEEP:
+                    continue
+                if r.retry_at > self.now:  # its wakes failed: not before its back-off ends
+                    self.later.append(r.retry_at)
                     continue
                 plan = self._plan(r, slot)
                 if plan is None:
