@@ -307,6 +307,8 @@ class PoolController:
 
     def _client_gone(self, now: float, event: ClientGone, out: list[Command]) -> None:
         self._gone(now, event.request_id, out)
+        if self._held and self.adapters is not None:
+            self._slot_freed(now, out)  # its attempt may have held an adapter's last slot
 
     def _scraped(self, now: float, event: Scraped, out: list[Command]) -> None:
         for x in event.loads:
@@ -753,9 +755,9 @@ class PoolController:
         self, now: float, adapter: str, order: Sequence[ReplicaId]
     ) -> list[ReplicaId] | None:
         """A LoRA adapter's request: the replica adapter placement picks among the reachable
-        ones of the ranking (a holder, or where it loads); ``None``:
-        none holds it and every slot of every one is busy (it waits, unless the pool holds
-        no request: then it goes over the best one's cap)."""
+        ones of the ranking (a holder, or where it loads). ``None``: none holds it and every
+        slot of every one is busy (it waits; a pool that holds no request sends it over the
+        best one's cap instead)."""
         adapters = self.adapters
         assert adapters is not None
         reach = list(filter(self._reachable.__contains__, order))
@@ -787,13 +789,11 @@ class PoolController:
         waiting = [r for r in self._held.values() if r.request.adapter is not None]
         if not waiting:
             return
-        # taken out and put back in order (those still waiting), so deadlines stay in order
-        rest = [r for r in self._held.values() if r.request.adapter is None]
-        self._held.clear()
-        for req in rest:
-            self._held[req.request.request_id] = req
         for req in waiting:
-            self._route(now, req, out)
+            del self._held[req.request.request_id]
+            self._route(now, req, out)  # routed, or back in _held (at the end)
+        # the tick expires held requests from the front: keep them in deadline order
+        self._held = dict(sorted(self._held.items(), key=lambda item: item[1].hold_until))
 
     def _coming(self) -> bool:
         """Whether a routable replica may be on its way: the pool is autoscaled (it scales
