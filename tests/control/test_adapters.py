@@ -246,3 +246,29 @@ def test_an_adapter_added_at_run_time_is_served_and_replays() -> None:
     head, lines = read_recording(io.StringIO(recording.getvalue()).readlines())
     for line, commands in replay(head, lines):
         assert commands == line.commands
+
+
+def test_the_prefix_index_keys_an_adapters_prompts_by_the_adapter() -> None:
+    """vLLM caches a prompt per adapter: a prompt cached for the base model is no hit for an
+    adapter, nor one adapter's for another; the same adapter's is."""
+    adapters = [{"name": n, "path": f"/a/{n}"} for n in ("sql", "poet")]
+    model = {
+        "name": POOL,
+        "replicas": 2,
+        "routing": "prefix_aware",
+        "lora": {"max_loras": 2, "adapters": adapters},
+    }
+    control = FleetController.of(parse_fleet({"models": [model]}))
+    up(control, 0.0, 2)
+    hashes = tuple(range(1, 9))
+
+    def send(now: float, rid: str, name: str) -> Route:
+        request = RouteRequest(rid, name, prefix_hashes=hashes, prompt_tokens=800)
+        (route,) = [c for c in control.handle(now, Arrived(request)) if isinstance(c, Route)]
+        control.handle(now + 0.1, Finished(POOL, rid, Outcome.SUCCESS))
+        return route
+
+    assert send(1.0, "base", POOL).matched == 0
+    assert send(2.0, "sql-1", "sql").matched == 0  # the base model's blocks are not sql's
+    assert send(3.0, "poet-1", "poet").matched == 0  # nor sql's poet's
+    assert send(4.0, "sql-2", "sql").matched == 8  # sql's own are

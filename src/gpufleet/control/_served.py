@@ -23,6 +23,7 @@ decide, and record, exactly as before.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 
 from gpufleet.config import FleetConfig
@@ -164,14 +165,25 @@ def by_class(
 # built field by field: dataclasses.replace costs ~4 µs a call, on every such request's path
 
 
+def adapter_hashes(hashes: tuple[int, ...], adapter: str) -> tuple[int, ...]:
+    """A LoRA adapter's prompt's prefix hashes: vLLM keys its prefix cache by adapter (a
+    prompt cached for the base model or another adapter is no hit), so the router's index
+    does too: each hash chained with a stable key of the adapter's name (CRC-32: the same
+    in every process, as the simulator's hashes must be)."""
+    if not hashes:
+        return hashes
+    key = zlib.crc32(adapter.encode())
+    return tuple(hash((key, h)) for h in hashes)
+
+
 def in_pool(arrived: Arrived, pool: str, adapter: str | None = None) -> Arrived:
     """``arrived`` as the pool sees it: the request under the pool's name (asking for
-    ``adapter``, a LoRA adapter the pool serves)."""
+    ``adapter``, a LoRA adapter the pool serves: its prefix hashes are the adapter's)."""
     r = arrived.request
     request = RouteRequest(
         r.request_id,
         pool,
-        r.prefix_hashes,
+        r.prefix_hashes if adapter is None else adapter_hashes(r.prefix_hashes, adapter),
         r.prompt_tokens,
         r.session_key,
         r.tenant,
