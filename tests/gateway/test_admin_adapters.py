@@ -1,7 +1,8 @@
 """LoRA adapters registered through the admin API, over real HTTP: a pool with a ``lora``
 block and no adapter in the fleet file; an operator registers one; it is a served name at
-once, loaded on demand on a real sim engine when asked for, and shown by
-``GET /admin/adapters``. Bad bodies, a viewer, an unknown pool, a taken name: clear errors."""
+once, loaded on demand on a real sim engine when asked for, shown by ``GET
+/admin/adapters``, and registered again by a restarted gateway (the store keeps it). Bad
+bodies, a viewer, an unknown pool, a taken name: clear errors."""
 
 from __future__ import annotations
 
@@ -75,6 +76,16 @@ async def test_an_operator_registers_an_adapter_and_clients_use_it(tmp_path: Pat
         assert shown[holder] == (None, ["support-fr"])
         assert [a for name, (_, a) in shown.items() if name != holder] == [[]]
         assert (listed["counters"]["requests"], listed["counters"]["loads"]) == (4, 1)
+
+    # a restarted gateway (the same store) registers it again: served at once
+    async with console_fleet(tmp_path, [POOL]) as cf, httpx.AsyncClient(base_url=cf.url) as http:
+        tenant = {"authorization": f"Bearer {cf.tenant_key}"}
+        models = (await http.get("/v1/models", headers=tenant)).json()
+        assert [m["id"] for m in models["data"]] == [MODEL, "support-fr"]
+        answer = await http.post("/v1/completions", json=ask, headers=tenant)
+        assert answer.status_code == 200, answer.text
+        again = await http.post("/admin/adapters", json=body, headers=cf.headers(Role.OPERATOR))
+        assert again.status_code == 409
 
 
 def test_the_event_is_recorded_as_json() -> None:

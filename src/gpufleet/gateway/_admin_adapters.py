@@ -8,12 +8,15 @@
 
 A registered adapter is a served name at once (``/v1/models`` lists it), loaded where it is
 needed as the fleet file's are. It is the controller's event (``AdapterAdded``: recorded and
-replayed). It lives as long as the gateway does: put it in the fleet file to keep it across a
-restart.
+replayed), and a row of the store's ``adapters`` table (auth on): a restarted gateway
+registers it again (``restore_adapters``). With auth off there is no store: it lives as long
+as the gateway does (the fleet file keeps adapters for good).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import TYPE_CHECKING, Any, Final
 
 from gpufleet.control import AdapterAdded, AdapterConfig
@@ -23,6 +26,10 @@ from gpufleet.store import Role
 
 if TYPE_CHECKING:
     from gpufleet.gateway._admin import AdminCall
+    from gpufleet.gateway._control import LiveControl
+    from gpufleet.store import Store
+
+logger = logging.getLogger("gpufleet.gateway")
 
 
 async def _list(call: AdminCall) -> tuple[int, Any]:
@@ -63,10 +70,25 @@ async def _add(call: AdminCall) -> tuple[int, Any]:
     except ValueError as error:
         kind = ConflictError if "already" in str(error) else BadRequestError
         raise kind(str(error)) from None
+    tenancy = call.api.tenancy
+    if tenancy is not None:  # kept for the next start (auth off: no store, this run only)
+        store = tenancy.store
+        await asyncio.to_thread(store.adapters.put, adapter.name, model, adapter.path, adapter.rank)
     now = call.api.clock()
     text = f"adapter {adapter.name} registered by {call.principal.actor}"
     control.timeline.add(now, "action", model, text)
     return 201, {"model": model, "name": adapter.name, "path": adapter.path, "rank": adapter.rank}
+
+
+def restore_adapters(control: LiveControl, store: Store) -> None:
+    """At the gateway's start: register again the adapters the store kept. One that no
+    longer fits the fleet file (its pool gone or without ``lora``, its name now taken, its
+    rank too big) is logged and skipped."""
+    for name, model, path, rank in store.adapters.all():
+        try:
+            control.add_adapter(AdapterAdded(model, name, path, rank))
+        except ValueError as error:
+            logger.warning("adapter %s: not registered again: %s", name, error)
 
 
 ADAPTER_ROUTES: Final = (

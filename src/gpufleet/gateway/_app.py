@@ -36,6 +36,7 @@ from gpufleet.config import FleetConfig, TracingConfig
 from gpufleet.control import BATCH, PoolSettings, Reject, Route
 from gpufleet.fleet import Outcome, RouteRequest, text_prefix_hashes
 from gpufleet.gateway._admin import AdminApi
+from gpufleet.gateway._admin_adapters import restore_adapters
 from gpufleet.gateway._admin_fleet import FleetActions
 from gpufleet.gateway._autoscale import ScaleActuator, ScaleExecutor
 from gpufleet.gateway._batch_runner import BatchService
@@ -147,6 +148,7 @@ class Gateway:
             self.control.record(record)
         store = store or (None if tenancy is None else tenancy.store)
         self.rollouts = RolloutShell(self.control, registry, store, audit=_auditor(tenancy, store))
+        self._store = store
         """Rollouts' decisions carried out: log, metrics, audit, the store's state."""
         self.batches = None
         """``/v1/files``, ``/v1/batches`` and their runner (docs/batch.md): on with a store."""
@@ -299,6 +301,8 @@ class Gateway:
                     # probes run in the group; the replica list arrives once it can hold them
                     self.control.start(tg, self._client)
                     self.rollouts.begin()  # restored from the store, or the fleet file's
+                    if self._store is not None and self.control.adapters is not None:
+                        restore_adapters(self.control, self._store)  # registered at run time
                     stack.callback(self._source.subscribe(self.control.set_replicas))
                     loops = []
                     if self.tenancy is not None:

@@ -13,6 +13,8 @@
     batches      id · owner · endpoint · input_file_id · status · one time per status ·
                  output/error file ids · errors (JSON) · meta (JSON)
     rollouts     model · state (JSON: a rollout's step, phase, settings) · updated_at
+    adapters     name · model (its pool) · path · rank · created_at (LoRA adapters registered
+                 at run time: POST /admin/adapters)
     batch_lines  batch_id · line · custom_id · request_id · body (JSON) · state · worker ·
                  lease_until · attempts · result (status code, response JSON, or error)
 
@@ -188,6 +190,16 @@ rollouts = Table(
     Column("model", String(256), primary_key=True),
     Column("state", Text, nullable=False),
     Column("updated_at", Float, nullable=False),
+)
+
+adapters = Table(
+    "adapters",
+    metadata,
+    Column("name", String(256), primary_key=True),
+    Column("model", String(256), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
 )
 
 JOURNALED = {"usage": usage, "audit": audit}

@@ -10,6 +10,7 @@ batches and batch lines, in one database.
     store.files, store.batches, store.batch_lines   # the Batch API (docs/batch.md)
     store.admins                         # admin credentials with roles (docs/console.md)
     store.rollouts                       # rollouts' state across gateway restarts
+    store.adapters                       # LoRA adapters registered at run time
 
 SQLite (the default) runs in WAL mode: readers (``gpufleet keys list``, ``gpufleet usage``)
 never block the gateway's writer. PostgreSQL is used when the URL says so
@@ -31,6 +32,7 @@ from sqlalchemy import Engine, Integer, create_engine, event, func, insert, sele
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gpufleet.store import _schema as s
+from gpufleet.store._adapters import AdapterRows
 from gpufleet.store._admins import AdminKeys, Role
 from gpufleet.store._batch_lines import BatchLines
 from gpufleet.store._batches import Batches
@@ -135,6 +137,7 @@ class Store:
         self.batch_lines = BatchLines(engine)
         self.batches = Batches(engine, self.files, self.batch_lines)
         self.rollouts = RolloutStates(engine)
+        self.adapters = AdapterRows(engine)
 
     @classmethod
     def open(cls, url: str | None = None) -> Store:
