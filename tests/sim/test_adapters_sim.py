@@ -6,11 +6,14 @@ load time, and the run replays to the same commands."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from gpufleet.catalog import get_gpu, get_model
+from gpufleet.cli import app
 from gpufleet.config import FleetConfig, load_fleet, parse_fleet
 from gpufleet.control import read_recording, replay
 from gpufleet.perf import lora_load_seconds
@@ -117,3 +120,23 @@ def test_the_lora_example_serves_its_adapters_and_base_model() -> None:
     assert adapters is not None
     assert adapters.counters.requests == 150
     assert adapters.counters.loads == 3
+
+
+def test_gpufleet_simulate_reports_the_adapters_loads(tmp_path: Path) -> None:
+    """The CLI on the example: the summary has a row per pool with adapters, and
+    report.json an ``adapters`` section."""
+    names = ["llama-8b", "sql-expert", "support-fr", "legal-summary"]
+    trace = tmp_path / "mix.jsonl"
+    rows = [
+        {"arrival_s": 0.05 * i, "input_tokens": 200, "output_tokens": 30, "model": names[i % 4]}
+        for i in range(120)
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    example = Path(__file__).parents[2] / "examples" / "lora-adapters.yaml"
+    out = tmp_path / "run"
+    args = ["simulate", "--fleet", str(example), "--trace", str(trace), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "LoRA adapters (llama-8b)" in result.output
+    pool = json.loads((out / "report.json").read_text())["adapters"]["pools"]["llama-8b"]
+    assert (pool["requests"], pool["loads"]) == (90, 3)

@@ -134,6 +134,19 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value * 1000:,.0f}" if value >= 1 else f"{value * 1000:.1f}"
 
 
+def _adapter_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """One row per pool that serves LoRA adapters: the loads they cost."""
+    adapters = report.get("adapters")
+    if adapters is None:
+        return []
+    rows = []
+    for pool, a in adapters["pools"].items():
+        per = "—" if a["loads_per_1000"] is None else f"{a['loads_per_1000']:,.1f}"
+        loads = f"{a['loads']:,} loads for {a['requests']:,} requests ({per} per 1,000)"
+        rows.append((f"LoRA adapters ({pool})", f"{loads}, {a['unloads']:,} unloads"))
+    return rows
+
+
 def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     o = report["overall"]
     rows = [
@@ -226,6 +239,7 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
                 f"({within} {batch['window_s'] / 3600:g} h), {batch['failed']:,} failed",
             )
         )
+    rows += _adapter_rows(report)
     cost = report["cost"]
     rows.append(("GPU-hours / cost", f"{cost['gpu_hours']:,.2f} h / ${cost['usd']:,.2f}"))
     split = cost["by_capacity"]
