@@ -12,6 +12,7 @@ from gpufleet.config import FleetFileError, parse_fleet
 from gpufleet.control import (
     AdapterAdded,
     Arrived,
+    AttemptFailed,
     Finished,
     FleetController,
     Reject,
@@ -272,3 +273,21 @@ def test_the_prefix_index_keys_an_adapters_prompts_by_the_adapter() -> None:
     assert send(2.0, "sql-1", "sql").matched == 0  # the base model's blocks are not sql's
     assert send(3.0, "poet-1", "poet").matched == 0  # nor sql's poet's
     assert send(4.0, "sql-2", "sql").matched == 8  # sql's own are
+
+
+def test_an_attempt_whose_load_failed_leaves_the_adapter_not_held_there() -> None:
+    control, (a, *_) = lora_fleet(replicas=2)
+    up(control, 0.0, 2)
+    first, _ = ask(control, 1.0, "r0", a)
+    assert first.load == a
+    # the load (or the attempt before its first byte) failed: retried elsewhere, loading it
+    out = control.handle(1.2, AttemptFailed(POOL, "r0", Outcome.REPLICA_ERROR))
+    (retry,) = [c for c in out if isinstance(c, Route)]
+    assert (retry.replica != first.replica, retry.load) == (True, a)
+    adapters = control.pools[POOL].adapters
+    assert adapters is not None
+    assert first.replica not in adapters.held()  # not counted as held where it failed
+    done(control, 1.5, "r0")
+    # where the retry loaded it, it is held: the next request goes there, no load
+    second, _ = ask(control, 2.0, "r1", a)
+    assert (second.replica, second.load) == (retry.replica, "")

@@ -108,6 +108,14 @@ class PoolAdapters:
         if held is not None and adapter in held:
             held[adapter] -= 1
 
+    def forget_adapter(self, replica: ReplicaId, adapter: str) -> None:
+        """The attempt that loaded ``adapter`` on ``replica`` failed before its first byte
+        (the load itself, maybe): it is not counted as held there; a later request loads it
+        again (an engine that has it answers that load as done)."""
+        held = self._held.get(replica)
+        if held is not None:
+            held.pop(adapter, None)
+
     def forget(self, replica: ReplicaId) -> None:
         """``replica``'s process is gone, or a new one started: it holds no adapter."""
         self._held.pop(replica, None)

@@ -122,6 +122,7 @@ class _Request:
         "batch",
         "candidates",
         "hold_until",
+        "loaded",
         "phase",
         "replica",
         "request",
@@ -152,6 +153,8 @@ class _Request:
         self.hold_until = 0.0
         self.tried: list[ReplicaId] | None = None
         """The replicas whose attempts failed (made at the first failure)."""
+        self.loaded = False
+        """Its attempt in flight loads its LoRA adapter first (its Route's ``load``)."""
 
 
 @dataclass(slots=True)
@@ -822,6 +825,7 @@ class PoolController:
         if adapter is None or self.adapters is None:
             return ""
         load, evicted = self.adapters.start(now, replica, adapter)
+        req.loaded = load
         out.extend(UnloadAdapter(self.model, replica, gone) for gone in evicted)
         return adapter if load else ""
 
@@ -853,6 +857,10 @@ class PoolController:
         retry budget unless its replica is gone) or resume on another replica (after it),
         else the request ends in an error. Health decides after."""
         broken = req.replica
+        if req.loaded and not streamed and self.adapters is not None and broken is not None:
+            adapter = req.request.adapter
+            assert adapter is not None
+            self.adapters.forget_adapter(broken, adapter)  # its load may be what failed
         decide = self._end_attempt(now, req, outcome)
         if streamed:
             assert broken is not None

@@ -14,7 +14,8 @@ adapter yet. It runs as a task of its own, so a client that leaves does not canc
 others. A load waits for the unloads sent to its replica before it (they free its slot).
 vLLM answers a load of an adapter it already has with a 400 that says so: that counts as
 loaded (an engine the controller thought empty kept it, say). A load that fails is the
-attempt's failure: the controller retries the request elsewhere as for a 5xx.
+attempt's failure (and that of every request that waited for it): the controller retries the
+request elsewhere as for a 5xx, and no longer counts the adapter as held there.
 
 Metrics (only for a fleet with adapters)::
 
@@ -94,8 +95,8 @@ class AdapterShell:
         routed there next (maybe before that Route's own request runs again) finds it."""
         key = (replica, adapter)
         task = asyncio.ensure_future(self._load(client, replica, url, adapter))
-        self._loads[key] = task
-        task.add_done_callback(lambda t: self._loaded(key, t))
+        self._loads[key] = task  # kept once done: a failed one fails who waits for it too
+        task.add_done_callback(_retrieved)
 
     async def ready(self, replica: ReplicaId, adapter: str) -> None:
         """Return once ``replica`` has ``adapter``: after the load under way there, if any
@@ -103,10 +104,6 @@ class AdapterShell:
         task = self._loads.get((replica, adapter))
         if task is not None:
             await asyncio.shield(task)
-
-    def _loaded(self, key: tuple[ReplicaId, str], task: asyncio.Task[None]) -> None:
-        if self._loads.get(key) is task and (task.cancelled() or task.exception() is not None):
-            del self._loads[key]  # a failed load is not one to wait for again
 
     async def _load(
         self, client: ReplicaClient, replica: ReplicaId, url: str, adapter: str
@@ -160,6 +157,12 @@ class AdapterShell:
         for key in [k for k in self._loads if k[0] == replica]:
             del self._loads[key]
         self._unloads.pop(replica, None)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """A load's failure is its waiters' (each sees it); none is left unretrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _post(client: ReplicaClient, url: str, path: str, body: bytes) -> tuple[int, str]:
