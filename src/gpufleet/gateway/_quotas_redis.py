@@ -205,7 +205,7 @@ class RedisQuotas(Quotas):
                 "Redis at %s unreachable (%s): quotas fall back to this gateway's own limits "
                 "until it is back",
                 self.url,
-                error or type(error).__name__,
+                str(error) or type(error).__name__,  # a timeout's message is empty
             )
         self._down_until = self._clock() + self._retry
 
