@@ -34,7 +34,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gpufleet.config import FleetConfig
+from gpufleet.control import FleetController
 from gpufleet.fleet import ReplicaId
 from gpufleet.gateway._errors import ReplicaOriginError, UpstreamError
 from gpufleet.gateway._upstream import ReplicaClient, UpstreamRequest
@@ -66,29 +66,31 @@ class AdapterMetrics:
 class AdapterShell:
     """Carries out adapter loads and unloads on the replicas' engines."""
 
-    def __init__(self, fleet: FleetConfig, metrics: AdapterMetrics) -> None:
+    def __init__(self, control: FleetController, metrics: AdapterMetrics) -> None:
         self.metrics = metrics
-        self._paths = {
-            a.name: a.path for m in fleet.models if m.lora is not None for a in m.lora.adapters
-        }
-        self._pool_of = fleet.adapters()
+        self._control = control
+        """Which served names are adapters, their pools and paths: the controller's (the
+        fleet file's and those registered at run time), read, never copied."""
         self._loads: dict[tuple[ReplicaId, str], asyncio.Task[None]] = {}
         self._unloads: dict[ReplicaId, set[asyncio.Task[None]]] = {}
 
     @staticmethod
-    def of(fleet: FleetConfig, registry: CollectorRegistry) -> AdapterShell | None:
+    def of(control: FleetController, registry: CollectorRegistry) -> AdapterShell | None:
         """``None`` for a fleet with no pool that serves adapters (no ``lora`` block)."""
-        if not any(m.lora is not None for m in fleet.models):
+        if all(pool.adapters is None for pool in control.pools.values()):
             return None
-        return AdapterShell(fleet, AdapterMetrics(registry))
+        return AdapterShell(control, AdapterMetrics(registry))
 
     def is_adapter(self, name: str) -> bool:
-        return name in self._pool_of
+        served = self._control.served.get(name)
+        return served is not None and served.adapter
 
-    def register(self, pool: str, name: str, path: str) -> None:
-        """An adapter registered at run time (``POST /admin/adapters``)."""
-        self._pool_of[name] = pool
-        self._paths[name] = path
+    def _where(self, adapter: str) -> tuple[str, str]:
+        """``adapter``'s pool and the path its engines load it from."""
+        ((pool, _),) = self._control.served[adapter].variants
+        adapters = self._control.pools[pool].adapters
+        assert adapters is not None
+        return pool, adapters.registered[adapter]
 
     def begin(self, client: ReplicaClient, replica: ReplicaId, url: str, adapter: str) -> None:
         """Start the load a Route asks for, the moment the controller decides it: a request
@@ -111,8 +113,8 @@ class AdapterShell:
         pending = self._unloads.get(replica)
         if pending:
             await asyncio.wait(list(pending))
-        pool = self._pool_of[adapter]
-        body = json.dumps({"lora_name": adapter, "lora_path": self._paths[adapter]}).encode()
+        pool, path = self._where(adapter)
+        body = json.dumps({"lora_name": adapter, "lora_path": path}).encode()
         started = time.monotonic()
         try:
             status, text = await _post(client, url, "/v1/load_lora_adapter", body)
@@ -138,7 +140,7 @@ class AdapterShell:
     async def _unload(
         self, client: ReplicaClient, replica: ReplicaId, url: str, adapter: str
     ) -> None:
-        pool = self._pool_of[adapter]
+        pool, _ = self._where(adapter)
         body = json.dumps({"lora_name": adapter}).encode()
         try:
             status, text = await _post(client, url, "/v1/unload_lora_adapter", body)

@@ -66,7 +66,7 @@ async def _add(call: AdminCall) -> tuple[int, Any]:
     if pool is None:
         raise NotFoundError(f"no pool {model!r} (pools: {', '.join(control.pools)})")
     try:
-        control.add_adapter(AdapterAdded(model, adapter.name, adapter.path, adapter.rank))
+        control.handle(AdapterAdded(model, adapter.name, adapter.path, adapter.rank))
     except ValueError as error:
         kind = ConflictError if "already" in str(error) else BadRequestError
         raise kind(str(error)) from None
@@ -86,7 +86,7 @@ def restore_adapters(control: LiveControl, store: Store) -> None:
     rank too big) is logged and skipped."""
     for name, model, path, rank in store.adapters.all():
         try:
-            control.add_adapter(AdapterAdded(model, name, path, rank))
+            control.handle(AdapterAdded(model, name, path, rank))
         except ValueError as error:
             logger.warning("adapter %s: not registered again: %s", name, error)
 

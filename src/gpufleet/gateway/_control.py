@@ -33,7 +33,6 @@ from typing import IO, Final
 from gpufleet.config import FleetConfig
 from gpufleet.control import (
     Abandon,
-    AdapterAdded,
     Arrived,
     AttemptFailed,
     ClientGone,
@@ -146,7 +145,7 @@ class LiveControl:
         )
         """Sleep and Wake over HTTP (``None``: every pool is always resident)."""
         self._residency_shown = -1
-        self.adapters = AdapterShell.of(config, metrics.registry)
+        self.adapters = AdapterShell.of(self.control, metrics.registry)
         """LoRA adapter loads and unloads over HTTP (``None``: the fleet serves none)."""
         self._kv_pools = frozenset(n for n, p in self.pools.items() if p.settings.kv_events)
         """Pools whose router reads KV events (their engines are subscribed to)."""
@@ -283,12 +282,6 @@ class LiveControl:
             self.abandoned.discard(rid)
             return True
         return False
-
-    def add_adapter(self, event: AdapterAdded) -> None:
-        """Register a LoRA adapter at run time (``ValueError``: the controller refused it)."""
-        self.handle(event)
-        if self.adapters is not None:
-            self.adapters.register(event.model, event.name, event.path)
 
     def _load(self, route: Route) -> None:
         """A Route that loads its adapter first: the load starts now."""
