@@ -12,19 +12,24 @@ from gpufleet.config import parse_fleet
 from gpufleet.control import (
     BATCH,
     Arrived,
+    AttemptFailed,
     ClientGone,
     Finished,
     FleetController,
+    Recall,
     Reject,
     RejectReason,
     Route,
     Scraped,
     ScrapedLoad,
     Tick,
+    command_to_json,
+    event_from_json,
+    event_to_json,
     read_recording,
     replay,
 )
-from gpufleet.fleet import ReplicaId, RouteRequest
+from gpufleet.fleet import Outcome, ReplicaId, RouteRequest
 from gpufleet.sim import FleetSimulation, SimOptions, SimTenant, TraceRequest
 from tests.control.test_pool_controller import POOL, up
 
@@ -199,3 +204,135 @@ def test_a_simulated_interactive_and_batch_run_replays_to_the_same_decisions() -
     # the batch waited for room: at no scrape did the engines queue past their slots
     events = [json.loads(x)["event"] for x in out.getvalue().splitlines()[1:]]
     assert any(e["kind"] == "scraped" for e in events)
+
+
+# -- recall: an interactive request takes a batch line's slot back ---------------------------
+
+
+def line(control: FleetController, now: float, i: int, *, recallable: bool = True) -> list[Any]:
+    """A batch line whose answer comes whole (a Batch API line): recallable."""
+    request = RouteRequest(f"b{i}", POOL, prompt_tokens=100, tenant="team")
+    return list(control.handle(now, Arrived(request, BATCH, recallable=recallable)))
+
+
+def recalls(out: list[Any]) -> list[tuple[str, str]]:
+    return [(c.request_id, c.replica) for c in out if isinstance(c, Recall)]
+
+
+def full(control: FleetController, **kwargs: bool) -> dict[str, ReplicaId]:
+    """Batch lines in every slot of both replicas (2 × 4); where each line runs."""
+    where: dict[str, ReplicaId] = {}
+    for i in range(8):
+        for c in line(control, 0.0, i, **kwargs):
+            if isinstance(c, Route):
+                where[c.request_id] = c.replica
+    assert len(where) == 8
+    return where
+
+
+def test_an_interactive_request_recalls_the_newest_line_on_a_full_replica() -> None:
+    control = gated(seqs=4, increase=100.0, target=1.0)
+    pool = control.pools[POOL]
+    where = full(control)
+    out = interactive(control, 1.0, 0)
+    (route,) = [c for c in out if isinstance(c, Route)]
+    newest = [rid for rid, r in where.items() if r == route.replica][-1]
+    # the recall comes before the interactive request's own Route: its slot is free first
+    assert recalls(out) == [(newest, route.replica)]
+    assert out.index(next(c for c in out if isinstance(c, Recall))) < out.index(route)
+    assert pool.attempts[route.replica] == 4  # the engine's slots, no more
+    assert (pool.batch_in_flight, pool.in_flight, pool.counters.recalled) == (7, 8, 1)
+    # the shell ends the attempt: the line waits at the gate (no room: the pool is full)
+    assert routes(control.handle(1.1, AttemptFailed(POOL, newest, Outcome.CANCELLED))) == []
+    assert pool.gated == 1
+    # the interactive request ends: the line runs again, from its start
+    out = control.handle(2.0, Finished(POOL, "i0"))
+    assert routes(out) == [newest]
+    assert (pool.batch_in_flight, pool.in_flight, pool.gated) == (8, 8, 0)
+
+
+def test_no_recall_while_the_replica_has_a_free_slot_or_no_line() -> None:
+    control = gated(seqs=4, increase=100.0, target=1.0)
+    for i in range(6):
+        line(control, 0.0, i)  # 3 on each replica: one slot free on each
+    assert recalls(interactive(control, 1.0, 0)) == []
+    assert recalls(interactive(control, 1.0, 1)) == []
+    # both full now: the next interactive request recalls a line
+    assert len(recalls(interactive(control, 1.0, 2))) == 1
+    # a replica full of interactive requests has nothing to recall: it queues in the engine
+    control = gated(seqs=2, increase=100.0, target=1.0)
+    for i in range(4):
+        interactive(control, 0.0, i)
+    assert recalls(interactive(control, 0.5, 9)) == []
+
+
+def test_streamed_lines_and_a_gate_without_recall_keep_their_slots() -> None:
+    control = gated(seqs=4, increase=100.0, target=1.0)
+    full(control, recallable=False)  # a client's own batch-class streams
+    assert recalls(interactive(control, 1.0, 0)) == []
+    control = gated(seqs=4, increase=100.0, target=1.0, recall=False)
+    full(control)
+    assert recalls(interactive(control, 1.0, 0)) == []
+    assert control.pools[POOL].attempts == {
+        ReplicaId(f"{POOL}-0"): 5,
+        ReplicaId(f"{POOL}-1"): 4,
+    } or control.pools[POOL].attempts == {
+        ReplicaId(f"{POOL}-0"): 4,
+        ReplicaId(f"{POOL}-1"): 5,
+    }
+
+
+def test_a_recalled_line_answered_first_or_left_by_its_client_ends_once() -> None:
+    control = gated(seqs=4, increase=100.0, target=1.0)
+    pool = control.pools[POOL]
+    full(control)
+    ((first, _),) = recalls(interactive(control, 1.0, 0))
+    ((second, _),) = recalls(interactive(control, 1.0, 1))
+    # the answer came before the recall reached the engine: the line is done, not re-run
+    assert routes(control.handle(1.1, Finished(POOL, first))) == []
+    # the batch runner stopped (its batch was cancelled) before the attempt's end was told
+    control.handle(1.1, ClientGone(POOL, second))
+    assert control.handle(1.2, AttemptFailed(POOL, second, Outcome.CANCELLED)) == []
+    assert (pool.gated, pool.batch_in_flight, pool.in_flight) == (0, 6, 8)
+    for rid in [f"b{i}" for i in range(8) if f"b{i}" not in (first, second)] + ["i0", "i1"]:
+        control.handle(2.0, Finished(POOL, rid))
+    assert (pool.batch_in_flight, pool.in_flight, pool.attempts) == (0, 0, {})
+
+
+def test_with_admission_an_interactive_request_that_would_queue_recalls_a_line() -> None:
+    """With admission on, a full pool queues requests at the gateway: an interactive one
+    recalls a line there (from the busiest replica), and the pump starts it at once."""
+    control = gated(auth=True, seqs=4, increase=100.0, target=1.0)
+    pool = control.pools[POOL]
+    admission = pool.admission
+    assert admission is not None
+    for i in range(8):
+        line(control, 0.0, i)
+    assert admission.saturated(pool.routable())
+    running = pool.batch_in_flight - len(admission.queue)  # the rest wait in admission
+    out = interactive(control, 1.0, 0)
+    ((rid, replica),) = recalls(out)
+    assert routes(out) == ["i0"]  # not queued: it took the recalled line's place
+    assert pool.attempts[replica] <= 4
+    assert admission.in_flight == running  # the line left, the interactive request came
+    control.handle(1.1, AttemptFailed(POOL, rid, Outcome.CANCELLED))
+    assert pool.gated == 1
+    for other in [f"b{i}" for i in range(8) if f"b{i}" != rid] + ["i0"]:
+        control.handle(2.0, Finished(POOL, other))
+    assert (pool.batch_in_flight, pool.gated) == (1, 0)  # the recalled line ran again
+    control.handle(3.0, Finished(POOL, rid))
+    assert (pool.in_flight, admission.in_flight, pool.batch_in_flight) == (0, 0, 0)
+
+
+def test_recall_and_recallable_are_recorded() -> None:
+    request = RouteRequest("b1", POOL, prompt_tokens=3)
+    arrived = Arrived(request, BATCH, recallable=True)
+    assert event_from_json(json.loads(json.dumps(event_to_json(arrived)))) == arrived
+    assert "recallable" not in event_to_json(Arrived(request))  # old recordings read the same
+    recall = Recall(POOL, ReplicaId(f"{POOL}-0"), "b1")
+    assert command_to_json(recall) == {
+        "do": "recall",
+        "model": POOL,
+        "replica": f"{POOL}-0",
+        "id": "b1",
+    }

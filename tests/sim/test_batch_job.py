@@ -3,6 +3,7 @@ pool controller, finished within their window, reported apart from the trace's r
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from gpufleet.cli import app
 from gpufleet.config import FleetConfig, load_fleet, parse_fleet
+from gpufleet.control import read_recording, replay
 from gpufleet.sim import FleetSimulation, SimOptions, parse_fault
 from gpufleet.sim._batch_job import BATCH_JOB, BatchJob
 from tests.sim.test_faults import requests
@@ -176,3 +178,49 @@ def test_the_example_fleet_sends_its_batch_to_spot_and_the_rest_on_demand() -> N
         assert not row.failed
         line = names[book.tenant_ids[row.index]] == BATCH_JOB
         assert pools[row.replica] == (spot.name if line else od.name), row
+
+
+def _ttft_p99(sim: FleetSimulation) -> float:
+    """The trace's (interactive) requests' TTFT P99, in seconds."""
+    tenants, ids = sim.tenants.tenants(), sim.tenants.tenant_ids
+    ttfts = sorted(
+        r.first_token_s - r.arrival_s
+        for r in sim.harness.recorder.log
+        if r.first_token_s is not None and tenants[ids[r.index]] != BATCH_JOB
+    )
+    return ttfts[int(0.99 * (len(ttfts) - 1))]
+
+
+def test_recalled_lines_give_interactive_its_slots_and_still_all_finish() -> None:
+    """A batch job beside the interactive trace on one pool, the gate filling 95 % of the
+    slots: with recall, an interactive request that finds its replica full takes a line's
+    slot at once instead of queueing in the engine; the line runs again later, once."""
+    args = ["--max-num-seqs", "16"]
+    runs = {}
+    for recall in (False, True):
+        config = parse_fleet(
+            {
+                "models": [{"name": POOL, "replicas": 2, "routing": "least_request", "args": args}],
+                "gateway": {"batch": {"spare": {"target": 0.95, "recall": recall}}},
+            },
+            source="test",
+        )
+        job = BatchJob(lines=1500, at=0.0, model=POOL, window_s=3600.0)
+        sim = runs[recall] = FleetSimulation(config, SimOptions(seed=1, batch=job))
+        sim.control.record(recorded := io.StringIO())
+        sim.start(requests(600, rate=10.0))
+        sim.run()
+        assert sim.check() == []  # every request, every line, ends once
+    plain, recalling = runs[False], runs[True]
+    batch = recalling.report({})["batch"]
+    assert batch["recalled"] > 20
+    assert batch["completed"] == 1500  # every line once, recalled ones included
+    assert batch["failed"] == 0
+    assert plain.report({})["batch"]["recalled"] == 0
+    assert _ttft_p99(recalling) < 0.8 * _ttft_p99(plain)
+    # the recalls are the controller's: the recorded run replays to the same commands
+    head, lines = read_recording(io.StringIO(recorded.getvalue()))
+    replayed = list(replay(head, lines))
+    assert sum(c["do"] == "recall" for line, _ in replayed for c in line.commands) > 20
+    for line, commands in replayed:
+        assert commands == line.commands, line

@@ -21,6 +21,7 @@ controller, and its decisions compared line by line::
                    Sleep · Wake                           (residency: _residency_events.py)
                    KvResync                    (ask an engine's replay socket for a gap)
                    Abandon          (end the attempts on a replica that failed its checks)
+                   Recall         (stop a batch line's attempt: its slot goes to interactive)
 
 A request's events name its *served* name (``Arrived``: what the client sent as ``model``)
 or its pool; the controller knows which pool a request is in (a variant, a fallback), and a
@@ -130,6 +131,9 @@ class Arrived:
     continue its answer on another replica if its stream breaks after the first byte (a
     stream of one choice that asks for nothing a continuation would change; the gateway's
     rule is in docs/gateway.md, "Resuming a stream"; every simulated request is one).
+    ``recallable``: its answer comes whole (not streamed), so an attempt can be stopped and
+    the request run again from the start without the client seeing anything: a batch line
+    the spare-capacity gate may recall (docs/batch.md, "Recall").
     """
 
     request: RouteRequest
@@ -137,6 +141,7 @@ class Arrived:
     weight: float = 1.0
     deadline: float | None = None
     resumable: bool = False
+    recallable: bool = False
 
     @property
     def model(self) -> str:
@@ -421,6 +426,19 @@ class Abandon:
 
 
 @dataclass(frozen=True, slots=True)
+class Recall:
+    """Stop batch line ``request_id``'s attempt on ``replica`` now: an interactive request
+    just took the last of that replica's slots (``gateway.batch.spare.recall``). The shell ends
+    it as it ends an abandoned one (the engine aborts it) and reports ``AttemptFailed``; the
+    line waits at the spare-capacity gate again and runs from its start when there is room
+    (it was recallable: nothing of its answer had reached the client)."""
+
+    model: str
+    replica: ReplicaId
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class UnloadAdapter:
     """Unload LoRA adapter ``adapter`` from ``replica`` (``POST /v1/unload_lora_adapter``):
     no request for it is in flight there, and a load the same instant needs its slot."""
@@ -442,6 +460,7 @@ Command = (
     | Wake
     | KvResync
     | Abandon
+    | Recall
     | UnloadAdapter
 )
 
@@ -463,7 +482,12 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
             rows = [[s.id, s.ready, s.since] for s in standbys]
             return {"kind": "standbys", "model": model, "standbys": rows}
         case Arrived(
-            request=r, priority=priority, weight=weight, deadline=deadline, resumable=resumable
+            request=r,
+            priority=priority,
+            weight=weight,
+            deadline=deadline,
+            resumable=resumable,
+            recallable=recallable,
         ):
             line: dict[str, Any] = {
                 "kind": "arrived",
@@ -479,6 +503,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
             }
             if resumable:  # absent: not resumable (and recordings made before resumes)
                 line["resumable"] = True
+            if recallable:  # absent: not recallable (and recordings made before recalls)
+                line["recallable"] = True
             if r.max_tokens is not None:  # absent: not said (and recordings made before)
                 line["max_tokens"] = r.max_tokens
             if r.block_hashes:  # absent: none (no KV-event routing, recordings made before)
@@ -610,6 +636,7 @@ def _arrived(d: dict[str, Any]) -> Arrived:
         float(d["weight"]),
         None if deadline is None else deadline,
         bool(d.get("resumable", False)),
+        bool(d.get("recallable", False)),
     )
 
 
@@ -720,6 +747,8 @@ def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911, PLR09
             return {"do": "kv_resync", "model": model, "replica": replica, "from": from_seq}
         case Abandon(model=model, replica=replica, request_ids=ids):
             return {"do": "abandon", "model": model, "replica": replica, "ids": list(ids)}
+        case Recall(model=model, replica=replica, request_id=rid):
+            return {"do": "recall", "model": model, "replica": replica, "id": rid}
         case UnloadAdapter(model=model, replica=replica, adapter=adapter):
             return {"do": "unload_adapter", "model": model, "replica": replica, "adapter": adapter}
     raise TypeError(f"not a command: {command!r}")

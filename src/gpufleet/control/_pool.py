@@ -33,6 +33,9 @@ A request's life (conserved: every ``Arrived`` ends in exactly one final command
     Preempting(replica, at) ─► the replica takes no new attempt (shown DRAINING)
            at − abandon_before ─► Abandon(its attempts) ─► each resumes or retries elsewhere
                                    (free: the replica is going); a new process ends it
+
+    a batch line (spare.recall): Route ─► an interactive request takes a replica's last slot
+           ─► Recall(the newest line there) ─► AttemptFailed ─► waits at the gate again
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from gpufleet.control._events import (
     Preempting,
     Probe,
     ProbeAnswered,
+    Recall,
     Reject,
     RejectReason,
     Replicas,
@@ -108,7 +112,7 @@ _DEAD: Final = frozenset({ReplicaState.FAILED, ReplicaState.STOPPED})
 """Runtime states of a replica whose process is gone (crashed, or stopped)."""
 _OUT: Final = frozenset({ReplicaState.EJECTED, ReplicaState.FAILED})
 """Routing states of a replica health has taken out (ejected, or failing its checks)."""
-_QUEUED, _HELD, _ROUTED, _GATED = 0, 1, 2, 3
+_QUEUED, _HELD, _ROUTED, _GATED, _RECALLED = 0, 1, 2, 3, 4
 _DONE: Final = float("inf")
 """A noticed replica whose attempts were abandoned already."""
 
@@ -124,6 +128,7 @@ class _Request:
         "hold_until",
         "loaded",
         "phase",
+        "recallable",
         "replica",
         "request",
         "resumable",
@@ -134,12 +139,19 @@ class _Request:
     )
 
     def __init__(
-        self, request: RouteRequest, ticket: Ticket | None, now: float, resumable: bool
+        self,
+        request: RouteRequest,
+        ticket: Ticket | None,
+        now: float,
+        resumable: bool,
+        recallable: bool = False,
     ) -> None:
         self.request = request
         self.ticket = ticket
         self.arrived_at = now
         self.resumable = resumable
+        self.recallable = recallable
+        """Its answer comes whole: an attempt may be stopped and run again (a recall)."""
         self.resumes = 0
         """Times its stream was resumed on another replica."""
         self.phase = _QUEUED
@@ -187,6 +199,8 @@ class PoolCounters:
     """Batch requests that waited at the spare-capacity gate."""
     gate_expired: int = 0
     """Batch requests refused at the gate: no room before their deadline."""
+    recalled: int = 0
+    """Batch lines whose attempt was stopped for an interactive request (back to the gate)."""
 
 
 class PoolController:
@@ -216,6 +230,10 @@ class PoolController:
         """The gate of the batch class (docs/batch.md, "Spare capacity")."""
         self.batch_in_flight = 0
         """Batch requests let through the gate and not yet ended."""
+        self._recalls = settings.spare is not None and settings.spare.recall
+        self._batch_on: dict[ReplicaId, dict[str, _Request]] = {}
+        """The recallable batch lines' attempts in flight per replica, oldest first (with
+        ``spare.recall``): what an interactive request that finds a replica full may recall."""
         self.counters = PoolCounters()
         self.view = FleetView.of(0.0, ())
         """What the router reads: runtime states after health, last scraped loads."""
@@ -295,18 +313,26 @@ class PoolController:
 
     def _finished(self, now: float, event: Finished, out: list[Command]) -> None:
         req = self._requests.get(event.request_id)
-        if req is not None and req.phase == _ROUTED:
+        if req is None:
+            return
+        if req.phase == _ROUTED:
             decide = self._end_attempt(now, req, event.outcome)
             self._done(now, req, event.work, out)
             if decide:
                 self._decide_health(now, out)
             if self._held and self.adapters is not None:
                 self._slot_freed(now, out)
+        elif req.phase == _RECALLED:  # answered before the recall reached it: it is done
+            del self._requests[event.request_id]
 
     def _attempt_failed(self, now: float, event: AttemptFailed, out: list[Command]) -> None:
         req = self._requests.get(event.request_id)
-        if req is not None and req.phase == _ROUTED:
+        if req is None:
+            return
+        if req.phase == _ROUTED:
             self._failed(now, req, event.outcome, event.streamed, out)
+        elif req.phase == _RECALLED:  # the recall ended its attempt: it waits at the gate
+            self._regate(now, req, out)
 
     def _client_gone(self, now: float, event: ClientGone, out: list[Command]) -> None:
         self._gone(now, event.request_id, out)
@@ -581,7 +607,7 @@ class PoolController:
             self._gate(now, event, out)
             return
         if admission is None:
-            req = _Request(request, None, now, event.resumable)
+            req = _Request(request, None, now, event.resumable, event.recallable)
             self._requests[request.request_id] = req
             self.in_flight += 1
             self._route(now, req, out)
@@ -596,7 +622,7 @@ class PoolController:
             deadline,
             now,
         )
-        req = _Request(request, ticket, now, event.resumable)
+        req = _Request(request, ticket, now, event.resumable, event.recallable)
         self._requests[request.request_id] = req
         self._enter(now, req, ticket, out)
 
@@ -612,6 +638,15 @@ class PoolController:
         for shed in admission.offer(now, ticket):
             self.counters.shed += 1
             self._reject(self._queued.pop(shed.id), RejectReason.SHED, out)
+        if (
+            self._batch_on
+            and ticket.priority < BATCH
+            and ticket.id in self._queued
+            and admission.saturated(self.routable())
+        ):
+            # the pool is full and batch lines hold part of it: one gives its slot back, and
+            # the pump starts the best waiting request (the interactive class goes first)
+            self._recall(now, max(self._batch_on, key=self.attempts.__getitem__), out)
         self._pump(now, out)
         if self._queue_at is None and self._queued:
             self._queue_at = now + admission.config.tick
@@ -629,7 +664,7 @@ class PoolController:
         ticket = Ticket(
             rid, request.tenant or ANONYMOUS, BATCH, event.weight, request.prompt_tokens, None, now
         )
-        req = _Request(request, ticket, now, event.resumable)
+        req = _Request(request, ticket, now, event.resumable, event.recallable)
         req.phase = _GATED
         wait = spare.config.max_wait
         req.hold_until = event.deadline if event.deadline is not None else now + wait
@@ -663,6 +698,40 @@ class PoolController:
         if first is not None and (due is None or first < due):
             due = first
         self._gate_at = due
+
+    def _regate(self, now: float, req: _Request, out: list[Command]) -> None:
+        """A recalled line's attempt ended: it waits at the gate again (at the back; until
+        its own deadline, or ``max_wait`` from now if that is later: it is run again from its
+        start when there is room)."""
+        spare = self.spare
+        assert spare is not None
+        rid = req.request.request_id
+        req.phase = _GATED
+        req.hold_until = max(req.hold_until, now + spare.config.max_wait)
+        self._gated[rid] = req
+        heapq.heappush(self._gate_deadlines, (req.hold_until, next(self._gate_order), rid))
+        self._release(now, out)
+
+    def _recall(self, now: float, replica: ReplicaId, out: list[Command]) -> None:
+        """An interactive attempt just took more than ``replica``'s slots: stop the newest
+        batch line there (the one with the least work done), so the engine runs the
+        interactive request at its next step instead of queueing it behind the batch.
+
+        The line leaves the pool's counts now (its slot is the interactive request's); it
+        waits at the gate again once the shell reports its attempt ended (``AttemptFailed``),
+        or leaves if its answer came first (``Finished``)."""
+        lines = self._batch_on[replica]
+        req = lines[next(reversed(lines))]
+        # CANCELLED moves no breaker: health has nothing to decide
+        self._end_attempt(now, req, Outcome.CANCELLED)
+        self.in_flight -= 1
+        self.batch_in_flight -= 1
+        req.batch = False
+        if self.admission is not None and req.ticket is not None:
+            self.admission.leave(req.ticket, None)
+        req.phase = _RECALLED
+        self.counters.recalled += 1
+        out.append(Recall(self.model, replica, req.request.request_id))
 
     def _first_deadline(self) -> float | None:
         """The soonest deadline of a request still at the gate (the heap's stale tops go)."""
@@ -818,7 +887,13 @@ class PoolController:
         req.phase, req.replica, req.retry = _ROUTED, replica, retry
         if retry:
             self.active_retries += 1
-        self.attempts[replica] = self.attempts.get(replica, 0) + 1
+        attempts = self.attempts[replica] = self.attempts.get(replica, 0) + 1
+        if self._recalls:
+            if req.batch:
+                if req.recallable:
+                    self._batch_on.setdefault(replica, {})[req.request.request_id] = req
+            elif attempts > self.settings.max_num_seqs and self._batch_on.get(replica):
+                self._recall(now, replica, out)
         request = req.request
         self.router.on_request_start(now, request, replica)
         adapter = request.adapter
@@ -843,6 +918,11 @@ class PoolController:
         else:
             del self.attempts[replica]
         request = req.request
+        if req.batch and self._recalls and req.recallable:
+            lines = self._batch_on[replica]
+            del lines[request.request_id]
+            if not lines:
+                del self._batch_on[replica]
         self.router.on_request_end(now, request, replica, outcome)
         if request.adapter is not None and self.adapters is not None:
             self.adapters.end(replica, request.adapter)
@@ -1016,6 +1096,9 @@ class PoolController:
         if req.phase == _GATED:
             del self._requests[rid]
             del self._gated[rid]
+            return
+        if req.phase == _RECALLED:
+            del self._requests[rid]
             return
         del self._requests[rid]
         del self._queued[rid]

@@ -191,7 +191,14 @@ def in_pool(arrived: Arrived, pool: str, adapter: str | None = None) -> Arrived:
         r.block_hashes,
         adapter,
     )
-    return Arrived(request, arrived.priority, arrived.weight, arrived.deadline, arrived.resumable)
+    return Arrived(
+        request,
+        arrived.priority,
+        arrived.weight,
+        arrived.deadline,
+        arrived.resumable,
+        arrived.recallable,
+    )
 
 
 def route_in(route: Route, pool: str) -> Route:

@@ -474,14 +474,19 @@ class Gateway:
         try:
             if trace is not None:
                 trace.deciding()
+            stream = route.streams and payload.get("stream") is True
             decision = await control.arrive(
-                request, priority, weight, deadline, resumable=state is not None
+                request,
+                priority,
+                weight,
+                deadline,
+                resumable=state is not None,
+                recallable=not stream,
             )
             if trace is not None:
                 trace.decided(decision)
             if isinstance(decision, Route):
                 self._routed(decision.model or model, decision, arrived, admitted)
-            stream = route.streams and payload.get("stream") is True
             relays = stream and _RELAY in (scope.get("extensions") or ())
             headers = [("content-type", "application/json"), ("x-request-id", request_id)]
             last: UpstreamError | None = None
@@ -702,6 +707,8 @@ class Gateway:
                     return status, outcome, False
         except (TimeoutError, LocalOriginError) as failure:
             abandoned = control.attempted(request_id)
+            if abandoned and not sent and control.take_recalled(request_id):
+                raise LocalOriginError(_RECALLED, Outcome.CANCELLED) from None
             return await self._failed(failure, abandoned, sent, send, state, tail[0], broken)
         finally:
             control.attempted(request_id)
@@ -952,6 +959,7 @@ async def _read_body(receive: Receive, timeout: float) -> bytes:
 
 
 _ABANDONED: Final = "the replica failed its health checks (its attempt was abandoned)"
+_RECALLED: Final = "recalled: an interactive request took its slot (it runs again later)"
 
 
 class _DisconnectWatch:

@@ -47,6 +47,7 @@ from gpufleet.control import (
     PoolController,
     Probe,
     ProbeAnswered,
+    Recall,
     Reject,
     RejectReason,
     Replicas,
@@ -133,6 +134,8 @@ class LiveControl:
         self.abandoned: set[str] = set()
         """Requests whose attempt an Abandon ended, or ends as it starts (decided before):
         the app says why, and takes them out when the attempt ends."""
+        self.recalled: set[str] = set()
+        """Those of them a :class:`Recall` ended (a batch line's slot went to interactive)."""
         self.on_rollout: Callable[[float, RolloutStep], None] | None = None
         """Where RolloutStep commands go (``_rollouts.RolloutShell``)."""
         self.sampled: frozenset[str] = frozenset()
@@ -253,6 +256,10 @@ class LiveControl:
         elif isinstance(command, Abandon):
             self.metrics.child(self.metrics.abandoned, command.model).inc(len(command.request_ids))
             self.abandon(command.request_ids)
+        elif isinstance(command, Recall):
+            self.metrics.child(self.metrics.recalls, command.model).inc()
+            self.recalled.add(command.request_id)
+            self.abandon((command.request_id,))
         elif isinstance(command, UnloadAdapter):
             url, client = self._url_of(command.replica), self._client
             if self.adapters is not None and url is not None and client is not None:
@@ -276,10 +283,18 @@ class LiveControl:
             deadline.reschedule(asyncio.get_running_loop().time())
 
     def attempted(self, rid: str) -> bool:
-        """Request ``rid``'s attempt ended; whether an Abandon ended it."""
+        """Request ``rid``'s attempt ended; whether an Abandon or a Recall ended it."""
         self.deadlines.pop(rid, None)
         if rid in self.abandoned:
             self.abandoned.discard(rid)
+            return True
+        return False
+
+    def take_recalled(self, rid: str) -> bool:
+        """Whether the end of ``rid``'s attempt was a Recall's (asked once, after
+        :meth:`attempted` said it was abandoned)."""
+        if rid in self.recalled:
+            self.recalled.discard(rid)
             return True
         return False
 
@@ -398,12 +413,15 @@ class LiveControl:
         deadline: float | None = None,
         *,
         resumable: bool = False,
+        recallable: bool = False,
     ) -> Decision:
         """The request's first decision: a Route, or a Reject; it may wait (queued, held).
         Cancelled (the client left): the caller reports :meth:`gone`. ``resumable``: its
-        stream can be resumed on another replica if it breaks after the first byte.
+        stream can be resumed on another replica if it breaks after the first byte;
+        ``recallable``: its answer comes whole (an attempt may be stopped and run again).
         ``request.model`` is the served name; a Route's ``model`` names the pool chosen."""
-        self.handle(Arrived(request, priority, weight, deadline, resumable), request=True)
+        arrived = Arrived(request, priority, weight, deadline, resumable, recallable)
+        self.handle(arrived, request=True)
         decision = self._early.pop(request.request_id, None)  # mostly: decided at once
         if decision is None:
             decision = await self._decision(request.request_id)
@@ -453,10 +471,14 @@ class LiveControl:
     def finished(
         self, model: str, rid: str, outcome: Outcome, work: tuple[int, int] | None = None
     ) -> None:
+        if self.recalled:  # recalled as its answer came: the recall found nothing to end
+            self.recalled.discard(rid)
+            self.abandoned.discard(rid)
         self.handle(Finished(model, rid, outcome, work), request=True)
 
     def gone(self, model: str, rid: str) -> None:
         self.abandoned.discard(rid)  # abandoned before its attempt began, which never will
+        self.recalled.discard(rid)
         self.handle(ClientGone(model, rid), request=True)
 
     def hashes(self, name: str) -> bool | None:

@@ -100,6 +100,12 @@ class GatewayMetrics:
             "retried or resumed elsewhere.",
             ["model"], registry=registry,
         )  # fmt: skip
+        self.recalls = Counter(
+            p + "batch_recalls",
+            "Batch lines whose attempt was stopped because an interactive request needed its "
+            "slot (gateway.batch.spare.recall): each waits at the gate again and runs anew.",
+            ["model"], registry=registry,
+        )  # fmt: skip
         self.resumed_prompt_tokens = Counter(
             p + "resumed_prompt_tokens",
             "Prompt tokens sent again by resumed streams (the prompt plus what was sent).",

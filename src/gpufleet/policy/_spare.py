@@ -26,10 +26,13 @@ The rule, a core and three guards (``room`` is what may start now)::
 
     room = 0 under pressure, else min(limit, cap) − batch in flight, and ≤ headroom
 
-A line already running is never recalled: the limit only stops new ones, so the pool backs
-off within the lines' own run time, and at once for new lines (the next event after the
-scrape that shows queueing). The conserved quantity is the controller's: every batch line
-released here is counted in ``batch_in_flight`` until it ends.
+The limit only stops new lines, so on its own the pool backs off within the lines' own run
+time, and at once for new lines (the next event after the scrape that shows queueing). With
+``recall`` (the default) the pool controller also takes a slot back the instant it is
+needed: when an interactive attempt would wait for a slot on a replica that runs batch
+lines, the newest of them is stopped and waits here again (it runs from its start later;
+``control/_pool.py``, ``_recall``). The conserved quantity is the controller's: every batch
+line released here is counted in ``batch_in_flight`` until it ends or is recalled.
 """
 
 from __future__ import annotations
@@ -67,6 +70,10 @@ class SpareConfig(BaseModel):
     """Lines per routable replica the limit grows by every ``interval`` without pressure."""
     decrease: float = Field(0.5, ge=0.0, lt=1.0)
     """On pressure the limit becomes this share of the batch lines running then."""
+    recall: bool = True
+    """Stop a running batch line when an interactive request would otherwise wait for its
+    slot (the line's work so far is lost; it runs again later). Batch lines that stream are
+    never recalled."""
     max_wait: float = Field(60.0, gt=0.0)
     """Seconds a batch line waits for room when its request names no deadline; then it is
     refused (503) and the batch runner offers it again."""

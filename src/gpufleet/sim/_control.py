@@ -22,6 +22,8 @@ turns the simulated world into its events and does what it says::
     a request ends on a pool a rollout watches ─► Latencies(its TTFT, its mean ITL)
     (the fleet file's rollout blocks start when the run does: RolloutStart at t = 0)
     Probe  ─► answered at once: ok unless the replica is down
+    Recall ─► the batch line leaves its modelled engine (a cut connection) and reports
+              AttemptFailed(CANCELLED); it waits at the gate, then runs again from its start
     Scale  ─► the modelled runtime (``gpufleet.sim._autoscale``)
     Sleep / Wake ─► the replica's modelled sleep / wake time (``perf.residency_times``),
               then Resident (a Sleep drops the replica's prefix cache, as vLLM's does)
@@ -62,6 +64,7 @@ from gpufleet.control import (
     Preempting,
     Probe,
     ProbeAnswered,
+    Recall,
     Reject,
     Replicas,
     ReplicaSeen,
@@ -291,6 +294,8 @@ class SimControl:
         self._wake_at: float | None = None
         self._local = False
         self._deferred: list[Command] = []
+        self.recalls = 0
+        """Recall commands carried out (batch lines stopped for an interactive request)."""
         self._times: dict[str, ResidencyTimes] = {}
         self._levels: dict[ReplicaId, int] = {}
         self.sleeps = 0
@@ -499,7 +504,7 @@ class SimControl:
         events: list[ScheduledEvent] = []
         for command in commands:
             match command:
-                case Route() | Sleep() | WakeCommand() if self._local:
+                case Route() | Sleep() | WakeCommand() | Recall() if self._local:
                     # a replica's step end: their events are shared, scheduled from a
                     # shared Dispatch (another part may have run ahead of a sleep's end)
                     self._deferred.append(command)
@@ -532,6 +537,8 @@ class SimControl:
                     events += self._resync(now, command)
                 case Abandon(replica=replica, request_ids=ids):
                     events += self._abandon(now, replica, ids)
+                case Recall(replica=replica, request_id=rid):
+                    events += self._recall(now, replica, int(rid))
         return events
 
     def _loading(self, now: float, route: Route) -> bool:
@@ -564,6 +571,19 @@ class SimControl:
             return []
         lost = harness.drivers[entry.driver].abandon(now, {int(rid) for rid in ids})
         return harness.lose(now, entry.driver, lost, Outcome.TIMEOUT)
+
+    def _recall(self, now: float, replica: ReplicaId, index: int) -> list[ScheduledEvent]:
+        """The controller recalls batch line ``index`` from ``replica`` (an interactive
+        request needs its slot): it leaves the modelled engine as a cut connection does and
+        reports ``AttemptFailed(CANCELLED)``, as the gateway does; it waits at the gate and
+        runs again from its start (``submit_retry``) when routed."""
+        entry = self.replicas.by_id.get(replica)
+        harness = self._harness
+        if entry is None or entry.driver is None or harness is None:
+            return []
+        self.recalls += 1
+        lost = harness.drivers[entry.driver].abandon(now, {index})
+        return harness.lose(now, entry.driver, lost, Outcome.CANCELLED, kept=True)
 
     def _probe(self, now: float, model: str, replica: ReplicaId) -> list[ScheduledEvent]:
         """Answered at once: ok unless the replica is down; a hung one's probe fails when
@@ -684,7 +704,8 @@ class SimControl:
         whole = tenant is not None and tenant in self._whole
         if whole:
             self._whole_ids.add(index)
-        return self._tell(now, Arrived(routed, priority, weight, deadline, resumable=not whole))
+        arrived = Arrived(routed, priority, weight, deadline, resumable=not whole, recallable=whole)
+        return self._tell(now, arrived)
 
     def on_kv(self, now: float, replica: int, events: list[KvCacheEvent]) -> None:
         """Replica ``replica``'s prefix cache did this in a step (a local event): one batch

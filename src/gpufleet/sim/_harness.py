@@ -397,9 +397,13 @@ class FleetHarness:
         replica: int,
         lost: Sequence[Lost],
         outcome: Outcome = Outcome.CONNECT_FAILURE,
+        *,
+        kept: bool = False,
     ) -> list[ScheduledEvent]:
         """Requests lost in a crash of ``replica`` (or abandoned there: ``outcome``): each
-        retried elsewhere, or an error.
+        retried elsewhere, or an error. ``kept``: the controller keeps them for a later
+        attempt (recalled batch lines wait at its gate): one not routed at once waits for its
+        Route, or the Reject that fails it.
 
         Call it from a shared event (a fault, a controller command) at ``now``.
         """
@@ -408,7 +412,7 @@ class FleetHarness:
             self._lost[state.index] = (replica, state)
             started = state.first_token is not None
             events += self.routing.on_lost(now, state.index, replica, started, outcome)
-            if state.index in self._lost:  # neither retried nor failed: an error
+            if not kept and state.index in self._lost:  # neither retried nor failed: an error
                 self.fail_lost(now, state.index)
         return events
 

@@ -572,7 +572,10 @@ def _batch_section(sim: FleetSimulation) -> dict[str, Any]:
     job, book = sim.options.batch, sim.tenants
     if job is None or book is None:
         return {}
-    return {"batch": batch_report(job, sim.harness.recorder.log, book.tenants(), book.tenant_ids)}
+    report = batch_report(job, sim.harness.recorder.log, book.tenants(), book.tenant_ids)
+    # lines stopped for an interactive request and run again (gateway.batch.spare.recall)
+    report["recalled"] = sum(p.counters.recalled for p in sim.control.pools.values())
+    return {"batch": report}
 
 
 def _adapters_report(sim: FleetSimulation) -> dict[str, Any]:
