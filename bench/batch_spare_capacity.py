@@ -10,8 +10,10 @@ answer tokens). The harness (``tests/gateway/batch_spare_live.py``):
 1. capacity: a batch alone, no gate, twice the slots offered: lines completed per second;
 2. interactive alone at 50 % of that (Poisson, streamed, TTFT at the client), gate on;
 3. the same interactive plan beside a 5,000-line batch, once per gate setting (``target``:
-   the share of the slots batch lines fill up to); the batch's lines per second while the
-   interactive plan runs, against the idle capacity (capacity − interactive throughput);
+   the share of the slots batch lines fill up to; ``recall``: whether an interactive request
+   that finds its replica full takes a running line's slot back); the batch's lines per
+   second while the interactive plan runs, against the idle capacity (capacity −
+   interactive throughput);
 4. interactive alone again: how far two equal runs' P99 differ on this machine.
 
 The bar: TTFT P99 with the batch within 10 % of alone, batch ≥ 70 % of the idle capacity.
@@ -38,18 +40,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--lines", type=int, default=5000)
-    parser.add_argument("--targets", default="0.7,0.8,0.9")
+    parser.add_argument("--targets", default="0.8,0.9,1.0")
+    parser.add_argument("--recall", default="on,off", help="recall settings to run: on, off")
     parser.add_argument("--time-scale", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     targets = [float(t) for t in args.targets.split(",")]
+    recalls = [r.strip() == "on" for r in args.recall.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         result = run_spare(
             Path(tmp),
             duration=args.duration,
             lines=args.lines,
             time_scale=args.time_scale,
-            spares=tuple({"target": t} for t in targets),
+            spares=tuple({"target": t, "recall": r} for r in recalls for t in targets),
             seed=args.seed,
         )
     show(result)
@@ -73,17 +77,21 @@ def show(result: dict[str, Any]) -> None:
         f" {alone[-1]['ttft_ms']['p99']} ms (ratio {result['alone_again_p99_ratio']})"
     )
     table = Table(title="interactive at 50 % + a batch, by gate target")
-    for col in ("target", "TTFT P50 ms", "TTFT P99 ms", "P99 ratio", "batch/s", "share of idle"):
+    columns = ("recall", "target", "TTFT P50 ms", "TTFT P99 ms", "P99 ratio", "batch/s",
+               "share of idle", "recalled")  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="right")
     for run in result["with_batch"]:
         ttft = run["interactive"]["ttft_ms"]
         table.add_row(
+            "on" if run["spare"]["recall"] else "off",
             f"{run['spare']['target']:.2f}",
             str(ttft["p50"]),
             str(ttft["p99"]),
             str(run["ttft_p99_ratio"]),
             str(run["batch_rps"]),
             str(run["batch_share_of_idle"]),
+            str(run["recalled"]),
         )
     console.print(table)
 
@@ -97,7 +105,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     runs = result["with_batch"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for run in runs:
-        label = f"target {run['spare']['target']:.2f}"
+        recall = "recall" if run["spare"]["recall"] else "no recall"
+        label = f"target {run['spare']['target']:.2f}, {recall}"
         point = left.scatter(run["batch_share_of_idle"], run["ttft_p99_ratio"], s=50)
         left.annotate(label, (run["batch_share_of_idle"], run["ttft_p99_ratio"]), fontsize=8)
         rows = run["series"]

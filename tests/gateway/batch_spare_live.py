@@ -199,7 +199,7 @@ def run_spare(
                     client.batches.cancel(batch_id)
                 if i == len(spares) - 1:
                     alone.append(_interactive(gw, chat, rate, duration, seed, *shape))
-                gated = pool.counters.gated
+                gated, recalled = pool.counters.gated, pool.counters.recalled
             assert config.gateway.batch.spare is not None
             runs.append(
                 {
@@ -209,6 +209,7 @@ def run_spare(
                     "window_s": round(window, 2),
                     "batch_rps": round(done / window, 3),
                     "gated": gated,
+                    "recalled": recalled,
                     "batch_in_flight_max": watch.most(2),
                     "in_flight_max": watch.most(1),
                     "series": watch.rows,
