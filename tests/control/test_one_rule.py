@@ -17,6 +17,7 @@ import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -257,7 +258,7 @@ class ScriptedHarness:
     def submit_new(self, now: float, index: int, *_: object) -> list[Any]:
         return []
 
-    def submit_retry(self, now: float, index: int, replica: int) -> list[Any]:
+    def submit_retry(self, now: float, index: int, replica: int, priority: int = 0) -> list[Any]:
         return []
 
     def submit_resume(self, now: float, index: int, replica: int) -> list[Any]:
@@ -274,6 +275,8 @@ class ScriptedHarness:
 class _Driver:
     down: bool = False
     scraped: tuple[int, int, float] | None = None
+    config = SimpleNamespace(scheduling_policy="fcfs")
+    """The engine's settings (``ReplicaDriver.config``): vLLM's default scheduling."""
 
     def load(self) -> tuple[int, int, float]:
         """What a scrape reads (``ReplicaDriver.load``): running, waiting, KV usage."""

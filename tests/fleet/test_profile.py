@@ -46,6 +46,7 @@ profiles = st.builds(
     max_lora_rank=_counts,
     max_cpu_loras=_counts,
     lora_modules=st.none() | st.lists(_lora_modules, max_size=3).map(tuple),
+    scheduling_policy=st.none() | st.sampled_from(["fcfs", "priority"]),
     extra=_extra_tokens.map(tuple),
 )
 
@@ -85,6 +86,7 @@ def test_the_command_line_has_a_fixed_order_and_only_what_is_set() -> None:
         max_lora_rank=64,
         max_cpu_loras=4,
         lora_modules=(LoraModule("sql", "/adapters/sql"),),
+        scheduling_policy="priority",
         extra=("--enforce-eager",),
     )
     assert profile.to_argv() == (
@@ -94,7 +96,7 @@ def test_the_command_line_has_a_fixed_order_and_only_what_is_set() -> None:
         *("--gpu-memory-utilization", "0.85", "--num-gpu-blocks-override", "900"),
         *("--block-size", "32", "--no-enable-prefix-caching", "--seed", "7"),
         *("--enable-lora", "--max-loras", "2", "--max-lora-rank", "64"),
-        *("--max-cpu-loras", "4"),
+        *("--max-cpu-loras", "4", "--scheduling-policy", "priority"),
         "--enforce-eager",
     )
     flags = [token for token in profile.to_argv() if token.startswith("--")]
@@ -139,6 +141,7 @@ def test_the_running_batch_cap_is_vllms_default_when_unset() -> None:
         (["--block-size=x"], "--block-size 'x' is not an integer"),
         (["--seed"], "--seed needs a value"),
         (["--enable-prefix-caching=false"], "takes no value"),
+        (["--scheduling-policy", "lifo"], "--scheduling-policy must be fcfs or priority"),
     ],
 )
 def test_a_bad_value_names_its_flag(argv: list[str], message: str) -> None:
@@ -214,3 +217,11 @@ def test_a_lora_module_takes_the_spelling_that_reads_back() -> None:
 def test_a_bad_lora_flag_names_itself(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ReplicaProfile.from_argv(argv)
+
+
+def test_the_scheduling_policy_is_read_written_and_reaches_the_engines_settings() -> None:
+    profile = ReplicaProfile.from_argv(["--scheduling_policy=priority", "--max-num-seqs", "8"])
+    assert profile.scheduling_policy == "priority"
+    assert profile.to_argv()[-2:] == ("--scheduling-policy", "priority")
+    assert profile.settings()["scheduling_policy"] == "priority"
+    assert "--scheduling-policy" in ENGINE_FLAGS

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -13,8 +14,10 @@ from typer.testing import CliRunner
 from gpufleet.cli import app
 from gpufleet.config import FleetConfig, load_fleet, parse_fleet
 from gpufleet.control import read_recording, replay
+from gpufleet.engine.model import NewRequest
 from gpufleet.sim import FleetSimulation, SimOptions, parse_fault
 from gpufleet.sim._batch_job import BATCH_JOB, BatchJob
+from gpufleet.sim._replica_driver import ReplicaDriver
 from tests.sim.test_faults import requests
 
 POOL = "llama-3.1-8b"
@@ -224,3 +227,38 @@ def test_recalled_lines_give_interactive_its_slots_and_still_all_finish() -> Non
     assert sum(c["do"] == "recall" for line, _ in replayed for c in line.commands) > 20
     for line, commands in replayed:
         assert commands == line.commands, line
+
+
+def test_lines_reach_priority_engines_with_a_lower_priority_and_fcfs_ones_without(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the gateway sends them: a batch line reaches an engine started with
+    ``--scheduling-policy priority`` with ``priority`` 1, an fcfs engine with none (the
+    modelled engines are watched as they are sent requests)."""
+    config = parse_fleet(
+        {
+            "models": [
+                {"name": POOL, "replicas": 1, "args": ["--scheduling-policy", "priority"]},
+                {"name": SPOT, "model": POOL, "replicas": 1},
+            ]
+        },
+        source="test",
+    )
+    sent: dict[int, int] = {}
+    submit = ReplicaDriver.submit
+
+    def watched(self: ReplicaDriver, now: float, index: int, new: NewRequest, *rest: Any) -> Any:
+        sent[index] = new.priority
+        return submit(self, now, index, new, *rest)
+
+    monkeypatch.setattr(ReplicaDriver, "submit", watched)
+    for pool, lowered in ((POOL, 1), (SPOT, 0)):
+        sent.clear()
+        sim = FleetSimulation(config, SimOptions(seed=1, batch=BatchJob(40, 0.0, pool, 3600.0)))
+        sim.start(requests(40))
+        sim.run()
+        assert sim.check() == []
+        tenants, ids = sim.tenants.tenants(), sim.tenants.tenant_ids
+        lines = {p for i, p in sent.items() if tenants[ids[i]] == BATCH_JOB}
+        others = {p for i, p in sent.items() if tenants[ids[i]] != BATCH_JOB}
+        assert (lines, others) == ({lowered}, {0})

@@ -66,8 +66,11 @@ _LORA_VALUED: Final[Mapping[str, tuple[str, type[int]]]] = MappingProxyType(
     }
 )
 _LORA_MODULES: Final = "--lora-modules"
-_VALUES: Final[Mapping[str, tuple[str, type[int] | type[float]]]] = MappingProxyType(
-    {**_VALUED, _SEED: ("seed", int), **_LORA_VALUED}
+_POLICY: Final = "--scheduling-policy"
+SCHEDULING_POLICIES: Final = ("fcfs", "priority")
+"""vLLM's ``--scheduling-policy`` values the profile takes (``fcfs`` is vLLM's default)."""
+_VALUES: Final[Mapping[str, tuple[str, type[int] | type[float] | type[str]]]] = MappingProxyType(
+    {**_VALUED, _SEED: ("seed", int), **_LORA_VALUED, _POLICY: ("scheduling_policy", str)}
 )
 """Every flag that takes one value: flag → (field, type)."""
 _ALIASES: Final = MappingProxyType(
@@ -82,6 +85,7 @@ _FLAG_OF: Final = MappingProxyType(
         "enable_lora": "--enable-lora",
         **{field: flag for flag, (field, _) in _LORA_VALUED.items()},
         "lora_modules": _LORA_MODULES,
+        "scheduling_policy": _POLICY,
     }
 )
 
@@ -92,6 +96,7 @@ ENGINE_FLAGS: Final = (
     _SEED,
     *_LORA_SWITCH,
     *_LORA_VALUED,
+    _POLICY,
 )
 """Every flag a profile reads, as ``to_argv`` writes them (aliases: ``-tp``, ``--tp``)."""
 LORA_SETTINGS: Final = frozenset(
@@ -180,6 +185,10 @@ class ReplicaProfile:
     """``--max-cpu-loras``: adapters kept loaded (vLLM's default: ``max_loras``)."""
     lora_modules: tuple[LoraModule, ...] | None = None
     """``--lora-modules``: adapters registered at start, in order (an empty tuple is ``None``)."""
+    scheduling_policy: str | None = None
+    """``--scheduling-policy``: ``fcfs`` (vLLM's default) or ``priority``: a request's
+    ``priority`` (lower first) orders the waiting queue and picks whom a full KV cache
+    preempts; the gateway sends batch lines with a lower one (docs/batch.md)."""
     extra: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -201,6 +210,10 @@ class ReplicaProfile:
         for name, value in counts.items():
             if value is not None and value < 1:
                 raise ValueError(f"{name} ({_FLAG_OF[name]}) must be at least 1, got {value}")
+        policy = self.scheduling_policy
+        if policy is not None and policy not in SCHEDULING_POLICIES:
+            allowed = " or ".join(SCHEDULING_POLICIES)
+            raise ValueError(f"{_POLICY} must be {allowed}, got {policy!r}")
         share = self.gpu_memory_utilization
         if share is not None and not 0.0 < share <= 1.0:
             flag = _FLAG_OF["gpu_memory_utilization"]
@@ -247,6 +260,8 @@ class ReplicaProfile:
             value = getattr(self, name)
             if value is not None:
                 argv += [flag, str(value)]
+        if self.scheduling_policy is not None:
+            argv += [_POLICY, self.scheduling_policy]
         return (*argv, *self.extra)
 
     @classmethod

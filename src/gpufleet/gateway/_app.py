@@ -174,6 +174,11 @@ class Gateway:
         )
         """The pools whose engines are scraped: one rule with the simulator's
         (``PoolSettings.scraped``: the router, the admission gauge or the autoscaler reads them)."""
+        self._by_priority = frozenset(
+            m.name for m in config.models if m.profile().scheduling_policy == "priority"
+        )
+        """The pools whose engines schedule by request priority (``--scheduling-policy
+        priority``): batch-class requests reach them with ``priority`` BATCH (lower urgency)."""
         self._models_body = b""
         self._models_count = -1
         """``/v1/models``: the served names (a pool that is only another name's variant is
@@ -466,6 +471,9 @@ class Gateway:
         ended = False
         state = resume
         bodies = {model: body}  # the body each pool's engines get (_body_of)
+        # batch-class requests: the engines that schedule by priority get them with a lower one
+        lower = self._by_priority if priority >= BATCH else frozenset()
+        lowered: dict[str, bytes] = {}  # those bodies, per pool (_lowered)
         adapters = control.adapters
         # a LoRA adapter's request: its pool's engines serve it under the adapter's name
         keep = adapters is not None and adapters.is_adapter(model)
@@ -529,8 +537,11 @@ class Gateway:
                             admitted=admitted,
                         )
                     else:
+                        body_now = _body_of(bodies, pool)
+                        if pool in lower:
+                            body_now = _lowered(lowered, pool, body_now, priority)
                         status, outcome, broke = await self._attempt(
-                            UpstreamRequest(url, path, _body_of(bodies, pool), sent),
+                            UpstreamRequest(url, path, body_now, sent),
                             stream,
                             send,
                             request_id,
@@ -1075,6 +1086,20 @@ def _body_of(bodies: dict[str, bytes], pool: str) -> bytes:
     if found is None:
         served, body = next(iter(bodies.items()))
         found = bodies[pool] = _for_pool(body, pool, served)
+    return found
+
+
+def _lowered(lowered: dict[str, bytes], pool: str, body: bytes, priority: int) -> bytes:
+    """``body`` (``pool``'s) with its ``priority`` at least ``priority``, made once per pool
+    (kept in ``lowered``): vLLM runs a lower value first, so a batch line never goes ahead of
+    interactive work in an engine that schedules by priority."""
+    found = lowered.get(pool)
+    if found is None:
+        data = json.loads(body)
+        own = data.get("priority")
+        if not isinstance(own, int) or isinstance(own, bool) or own < priority:
+            data["priority"] = priority
+        found = lowered[pool] = json.dumps(data, separators=(",", ":")).encode()
     return found
 
 

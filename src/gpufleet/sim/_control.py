@@ -49,6 +49,7 @@ from typing import Final
 
 from gpufleet.catalog import get_gpu, get_model
 from gpufleet.control import (
+    BATCH,
     Abandon,
     Arrived,
     AttemptFailed,
@@ -267,6 +268,9 @@ class SimControl:
         """Tenants whose requests ask for whole answers, not streams (a batch job's lines,
         as the runner sends them): one lost mid-way is sent again from the start."""
         self._whole_ids: set[int] = set()
+        self._lower: set[int] = set()
+        """Requests of the batch class: engines with the priority policy get them with
+        ``priority`` BATCH (the gateway's rule, ``gateway/_app.py``)."""
         self.blackout: set[int] = set()
         """Replicas whose scrapes do not update (a metric blackout)."""
         self.hung: set[int] = set()
@@ -704,6 +708,8 @@ class SimControl:
         whole = tenant is not None and tenant in self._whole
         if whole:
             self._whole_ids.add(index)
+        if priority >= BATCH:
+            self._lower.add(index)
         arrived = Arrived(routed, priority, weight, deadline, resumable=not whole, recallable=whole)
         return self._tell(now, arrived)
 
@@ -747,12 +753,17 @@ class SimControl:
         if k in self.erroring:  # a 5xx before any byte: the request stays where it was
             self.refused_attempts += 1
             return self._tell(now, AttemptFailed(entry.model, str(index), Outcome.REPLICA_ERROR))
+        # a batch-class request reaches an engine that schedules by priority with a lower
+        # one (a higher value), as the gateway sends it (docs/batch.md)
+        priority = 0
+        if index in self._lower and harness.drivers[k].config.scheduling_policy == "priority":
+            priority = BATCH
         pending = self._pending.pop(index, None)
         if pending is not None:  # its first attempt
             request = pending.request
             self.waits[index] = now - request.arrival_s
-            return harness.submit_new(now, index, request, pending.prompt, k)
-        return harness.submit_retry(now, index, k)
+            return harness.submit_new(now, index, request, pending.prompt, k, priority)
+        return harness.submit_retry(now, index, k, priority)
 
     def _refuse(self, now: float, index: int, pool: str = "") -> None:
         """Request ``index`` ends without an answer; ``pool``: the one it was last in (empty:

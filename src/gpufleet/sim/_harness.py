@@ -328,18 +328,28 @@ class FleetHarness:
         self._requests[index] = (prompt, request.output_tokens)
         return drivers[chosen].submit(now, index, self._new(index)) + self._next_arrival()
 
-    def submit_new(
-        self, now: float, index: int, request: TraceRequest, prompt: tuple[int, ...], replica: int
+    def submit_new(  # noqa: PLR0917 - the request and where it goes
+        self,
+        now: float,
+        index: int,
+        request: TraceRequest,
+        prompt: tuple[int, ...],
+        replica: int,
+        priority: int = 0,
     ) -> list[ScheduledEvent]:
         """Send request ``index`` to driver ``replica`` now (a gate let it start; its
-        latencies count from its arrival). Call it from a shared event."""
+        latencies count from its arrival), with the engine ``priority`` the gateway would
+        send it with. Call it from a shared event."""
         self._requests[index] = (prompt, request.output_tokens)
-        return self.drivers[replica].submit(now, index, self._new(index), request.arrival_s)
+        new = self._new(index, priority)
+        return self.drivers[replica].submit(now, index, new, request.arrival_s)
 
-    def submit_retry(self, now: float, index: int, replica: int) -> list[ScheduledEvent]:
-        """Send request ``index``, lost in a crash, to driver ``replica`` (from ``on_lost``)."""
+    def submit_retry(
+        self, now: float, index: int, replica: int, priority: int = 0
+    ) -> list[ScheduledEvent]:
+        """Send request ``index``, lost in a crash (or recalled), to driver ``replica``."""
         _, state = self._lost.pop(index)
-        return self.drivers[replica].submit(now, index, self._new(index), state.arrival)
+        return self.drivers[replica].submit(now, index, self._new(index, priority), state.arrival)
 
     def submit_resume(self, now: float, index: int, replica: int) -> list[ScheduledEvent]:
         """Resume request ``index``'s stream, lost in a crash after its first token, on
@@ -416,13 +426,14 @@ class FleetHarness:
                 self.fail_lost(now, state.index)
         return events
 
-    def _new(self, index: int) -> NewRequest:
+    def _new(self, index: int, priority: int = 0) -> NewRequest:
         prompt, output_tokens = self._requests[index]
         return NewRequest(
             str(index),
             prompt,
             output_tokens,
             ignore_eos=True,  # the trace says how many tokens came out
+            priority=priority,
         )
 
     def _fail(  # noqa: PLR0917 - one row's fields

@@ -105,6 +105,10 @@ class SimEngineConfig(BaseModel):
     block_size: int = Field(default=16, ge=1)
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = Field(default=None, ge=1)
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    """vLLM's ``--scheduling-policy``: under ``priority`` a request's ``priority`` (lower
+    first) orders the waiting queue and picks whom a full KV cache preempts; under ``fcfs`` a
+    request that names a priority other than 0 is refused (400), as vLLM refuses it."""
     time_scale: float = Field(default=1.0, gt=0)
     """Modelled seconds per real second; reported latencies are always modelled."""
     seed: int = 0
@@ -173,6 +177,7 @@ class SimEngineConfig(BaseModel):
             max_model_len=self.max_model_len,
             enable_prefix_caching=self.enable_prefix_caching,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
+            scheduling_policy=self.scheduling_policy,
             seed=self.seed,
             kv_events=self.kv_events.enabled and self.enable_prefix_caching,
         )

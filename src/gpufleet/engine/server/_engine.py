@@ -16,6 +16,7 @@ from gpufleet.engine.server._clock import Clock
 from gpufleet.engine.server._config import SimEngineConfig
 from gpufleet.engine.server._dcgm import DcgmCollector
 from gpufleet.engine.server._errors import (
+    BadRequestError,
     EngineUnavailableError,
     NotFoundError,
     PromptTooLongError,
@@ -148,8 +149,18 @@ class SimEngine:
 
         The model's refusal (a prompt too long, a bad token id) becomes a
         ``PromptTooLongError`` and a stopped loop an ``EngineUnavailableError``; the requests
-        already queued are aborted first.
+        already queued are aborted first. A ``priority`` other than 0 under the ``fcfs``
+        policy is a ``BadRequestError``.
         """
+        requests = list(requests)
+        if self.config.scheduling_policy == "fcfs":
+            for new in requests:
+                if new.priority:  # vLLM's engine refuses it before it queues anything
+                    raise BadRequestError(
+                        f"Got priority {new.priority} but Priority scheduling is not enabled "
+                        "(start the engine with --scheduling-policy priority).",
+                        param="priority",
+                    )
         streams: list[RequestStream] = []
         try:
             for new in requests:
