@@ -3,13 +3,20 @@ reported at its own line number with OpenAI's error code; no input raises."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gpufleet.fleet import BATCH_ENDPOINTS, LineError, parse_batch_input
+from gpufleet.fleet import (
+    BATCH_ENDPOINTS,
+    BatchRequest,
+    LineError,
+    parse_batch_input,
+    prefix_ranks,
+)
 
 ids = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=20)
 bodies = st.fixed_dictionaries(
@@ -149,3 +156,31 @@ def test_file_level_errors() -> None:
     assert [(e.code, e.line) for e in parsed.errors] == [("too_many_lines", 4)]
     broken = encode(["{"] * 10)
     assert len(parse_batch_input(broken, max_errors=4).errors) == 4
+
+
+_systems = st.sampled_from(["", "You are terse. ", "You are kind. " * 30, "Réponds en français. "])
+
+
+@given(st.lists(st.tuples(_systems, st.text(max_size=20), st.booleans()), max_size=40))
+def test_prefix_ranks_order_every_line_once_and_keep_a_prefix_together(
+    lines: list[tuple[str, str, bool]],
+) -> None:
+    """A permutation of the lines; lines with the same system prompt form one run in it
+    (whatever their questions), and the run order is the text's."""
+
+    def body(system: str, question: str, chat: bool) -> dict[str, Any]:
+        if not chat:
+            return {"model": "m", "prompt": system + question}
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question},
+        ]
+        return {"model": "m", "messages": messages}
+
+    requests = [BatchRequest(i + 1, f"r-{i}", body(*line)) for i, line in enumerate(lines)]
+    ranks = prefix_ranks(requests)
+    assert sorted(ranks) == list(range(len(requests)))
+    order = sorted(range(len(requests)), key=ranks.__getitem__)
+    chat_systems = [lines[i][0] for i in order if lines[i][2] and lines[i][0]]
+    runs = [system for system, _ in itertools.groupby(chat_systems)]
+    assert len(runs) == len(set(runs))  # each system prompt's chat lines in one run

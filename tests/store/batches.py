@@ -19,7 +19,8 @@ def input_file(n: int, endpoint: str = CHAT) -> bytes:
                 "custom_id": f"r-{i}",
                 "method": "POST",
                 "url": endpoint,
-                "body": {"model": "m", "messages": [{"role": "user", "content": f"{i}"}]},
+                # zero-padded: lines run sorted by prompt (prefix order), here input order
+                "body": {"model": "m", "messages": [{"role": "user", "content": f"{i:06d}"}]},
             }
         ).encode()
         + b"\n"

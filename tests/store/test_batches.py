@@ -3,11 +3,12 @@ the output files, claims and leases, exactly-once results, cancel and expiry."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, inspect, select, text
 
 from gpufleet.store import LineResult, Store, StoreError
 from gpufleet.store import _schema as schema
@@ -100,7 +101,7 @@ def test_a_batch_runs_to_completion_with_output_in_input_order(db: Store) -> Non
     assert batch.in_progress_at == T0 + 1
     claims = db.batch_lines.claim(batch.id, worker="w", now=T0 + 2, limit=10)
     assert [c.custom_id for c in claims] == [f"r-{i}" for i in range(6)]
-    assert claims[0].body["messages"][0]["content"] == "0"
+    assert claims[0].body["messages"][0]["content"] == "000000"
     for c in reversed(claims):  # finishing out of order changes nothing
         i = int(c.custom_id[2:])
         result = (
@@ -289,3 +290,65 @@ def test_bodies_are_stored_as_json(db: Store) -> None:
         body = conn.execute(select(schema.batch_lines.c.body)).scalar_one()
     assert json.loads(body)["model"] == "m"
     assert batch.metadata == {"job": "t"}
+
+
+def _shuffled_prompts(n: int) -> bytes:
+    """``n`` lines cycling through three long system prompts (the file's order mixes them),
+    each with its own question."""
+    systems = [f"You are assistant {k}. " * 40 for k in "CAB"]
+    return b"".join(
+        json.dumps(
+            {
+                "custom_id": f"r-{i}",
+                "method": "POST",
+                "url": CHAT,
+                "body": {
+                    "model": "m",
+                    "messages": [
+                        {"role": "system", "content": systems[i % 3]},
+                        {"role": "user", "content": f"question {i:02d}"},
+                    ],
+                },
+            }
+        ).encode()
+        + b"\n"
+        for i in range(n)
+    )
+
+
+def _claimed(db: Store, order: str) -> list[str]:
+    f = db.files.create("a", "batch", _shuffled_prompts(12), "in.jsonl", now=T0)
+    batch = db.batches.create("a", f.id, CHAT, now=T0)
+    assert db.batches.advance(batch.id, now=T0 + 1, order=order) is not None
+    claims = []
+    while more := db.batch_lines.claim(batch.id, worker="w", now=T0 + 2, limit=5):
+        claims += more  # claimed in windows, as the runner does
+    return [c.body["messages"][0]["content"][:20] for c in claims]
+
+
+def test_lines_that_share_a_prompt_prefix_are_claimed_together(db: Store) -> None:
+    runs = _claimed(db, "prefix")
+    assert len(runs) == 12
+    groups = [k for k, _ in itertools.groupby(runs)]
+    assert len(groups) == 3  # each system prompt's lines in one run
+    assert len({*_claimed(db, "input")[:3]}) == 3  # the file's order mixes them
+
+
+def test_an_older_database_gains_the_run_order_and_keeps_its_batches(db_url: str) -> None:
+    store = Store.open(db_url)
+    old = started(store, 4)
+    with store.engine.begin() as conn:  # as a database made before run_order was
+        conn.execute(text("DROP INDEX batch_lines_run_order"))
+        conn.execute(text("ALTER TABLE batch_lines DROP COLUMN run_order"))
+    store.close()
+    store = Store.open(db_url)  # the upgrade adds the column and its index back
+    try:
+        columns = {c["name"] for c in inspect(store.engine).get_columns("batch_lines")}
+        assert "run_order" in columns
+        indexes = {i["name"] for i in inspect(store.engine).get_indexes("batch_lines")}
+        assert "batch_lines_run_order" in indexes
+        claims = store.batch_lines.claim(old.id, worker="w", now=T0 + 2, limit=10)
+        assert [c.custom_id for c in claims] == [f"r-{i}" for i in range(4)]  # input order
+        assert len(started(store, 3).id) > 0  # and a new batch starts on it
+    finally:
+        store.close()

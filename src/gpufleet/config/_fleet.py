@@ -28,7 +28,7 @@ import re
 from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import pydantic
 import yaml
@@ -497,6 +497,10 @@ class BatchConfig(_Strict):
     max_backoff: float = Field(30.0, gt=0.0)
     """Longest wait before a line refused for now (429 quota, 503 no room) is tried again;
     the waits double from ``Retry-After`` (or 0.5 s) up to it."""
+    order: Literal["prefix", "input"] = "prefix"
+    """The order a batch's lines run in: ``prefix`` sorts them by their prompts' text, so
+    lines that share a prefix (a system prompt, a document) run side by side and the
+    engines' prefix caches pay; ``input``: the file's order. Fixed when a batch starts."""
     spare: SpareConfig | None = SpareConfig()
     """How batch lines use spare capacity: each pool's controller holds them at a gate and
     lets them in only into the room the interactive load leaves (``SpareConfig``: a target

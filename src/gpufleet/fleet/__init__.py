@@ -28,6 +28,7 @@ from gpufleet.fleet._batch_input import (
     BatchRequest,
     LineError,
     parse_batch_input,
+    prefix_ranks,
 )
 from gpufleet.fleet._engine_metrics import (
     ENGINE_METRICS,
@@ -114,6 +115,7 @@ __all__ = [
     "batch_sources",
     "next_batch_status",
     "parse_batch_input",
+    "prefix_ranks",
     "read_engine_metrics",
     "text_prefix_hashes",
 ]

@@ -14,7 +14,7 @@ does. Errors are values, at most ``max_errors`` of them, in file order.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -202,3 +202,55 @@ def _storable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+PREFIX_CHARS: Final = 4096
+"""How much of a line's prompt orders it: past this, lines that share it run side by side."""
+
+
+def prefix_ranks(requests: Sequence[BatchRequest]) -> list[int]:
+    """Each request's place in the order lines are run, so that lines whose prompts share a
+    prefix run together and the engines' prefix caches pay: by the prompt's text (its first
+    :data:`PREFIX_CHARS` characters; the model first, as each model has its own caches),
+    then by line. Sorting by the text itself groups shared prefixes at every length: lines
+    with one system prompt sit together, and inside them the ones that share more."""
+    keys = sorted(range(len(requests)), key=lambda i: (_prompt_key(requests[i].body), i))
+    ranks = [0] * len(requests)
+    for rank, i in enumerate(keys):
+        ranks[i] = rank
+    return ranks
+
+
+def _prompt_key(body: Mapping[str, Any]) -> str:
+    """The text a line's prompt starts with, as the engine would see it first: chat messages'
+    roles and text contents in order, else a completion's prompt or an embedding's input."""
+    model = body.get("model")
+    parts = [model if isinstance(model, str) else ""]
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        size = 0
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            text = _text(message.get("content"))
+            parts += ["\0", str(message.get("role", "")), "\0", text]
+            size += len(text)
+            if size >= PREFIX_CHARS:
+                break
+    else:
+        prompt = body.get("prompt", body.get("input"))
+        parts.append(prompt if isinstance(prompt, str) else json.dumps(prompt)[:PREFIX_CHARS])
+    return "".join(parts)[:PREFIX_CHARS]
+
+
+def _text(content: object) -> str:
+    """A message's text: a string, or its content parts' text in order."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""

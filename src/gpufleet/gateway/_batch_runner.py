@@ -259,7 +259,8 @@ class _Driver:
 
     async def _advance(self) -> BatchStatus:
         r = self.runner
-        batch = await asyncio.to_thread(r.store.batches.advance, self.batch_id, now=r.wall())
+        advance = r.store.batches.advance
+        batch = await asyncio.to_thread(advance, self.batch_id, now=r.wall(), order=r.config.order)
         if batch is None:
             return BatchStatus.CANCELLED  # gone: nothing to drive
         self.batch = batch

@@ -103,8 +103,9 @@ class BatchLines:
         limit: int,
         lease_s: float = DEFAULT_LEASE_S,
     ) -> list[LineClaim]:
-        """Up to ``limit`` lines to run, in input order: pending ones, and claimed ones whose
-        lease ran out; none unless the batch is ``in_progress``."""
+        """Up to ``limit`` lines to run, in the batch's run order (``run_order``, then input
+        order): pending ones, and claimed ones whose lease ran out; none unless the batch is
+        ``in_progress``."""
         claimable = and_(
             _L.batch_id == batch_id,
             or_(_L.state == PENDING, and_(_L.state == CLAIMED, _L.lease_until <= now)),
@@ -114,7 +115,7 @@ class BatchLines:
         picked = (
             select(_L.line)
             .where(claimable)
-            .order_by(_L.line)
+            .order_by(_L.run_order, _L.line)
             .limit(limit)
             .with_for_update(skip_locked=True)
             .cte("picked")
@@ -127,15 +128,17 @@ class BatchLines:
             .values(
                 state=CLAIMED, worker=worker, lease_until=now + lease_s, attempts=_L.attempts + 1
             )
-            .returning(_L.line, _L.custom_id, _L.request_id, _L.body, _L.attempts)
+            .returning(_L.line, _L.custom_id, _L.request_id, _L.body, _L.attempts, _L.run_order)
         )
         with self.engine.begin() as conn:
-            rows = conn.execute(stmt).all()
-        claims = [
+            rows = sorted(
+                conn.execute(stmt).all(),
+                key=lambda r: (-1 if r.run_order is None else r.run_order, r.line),
+            )
+        return [
             LineClaim(r.line, r.custom_id, r.request_id, json.loads(r.body), r.attempts)
             for r in rows
         ]
-        return sorted(claims, key=lambda c: c.line)
 
     def renew(
         self, batch_id: str, lines: Iterable[int], *, worker: str, now: float, lease_s: float

@@ -42,6 +42,7 @@ from gpufleet.fleet import (
     batch_sources,
     next_batch_status,
     parse_batch_input,
+    prefix_ranks,
 )
 from gpufleet.store import _schema as s
 from gpufleet.store._batch_lines import (
@@ -214,16 +215,23 @@ class Batches:
         return batch
 
     def advance(
-        self, batch_id: str, *, now: float, cancel_grace_s: float = BATCH_CANCEL_GRACE_S
+        self,
+        batch_id: str,
+        *,
+        now: float,
+        cancel_grace_s: float = BATCH_CANCEL_GRACE_S,
+        order: str = "prefix",
     ) -> Batch | None:
         """Make every move the lifecycle allows at ``now`` (``next_batch_status``), and
-        validate a ``validating`` batch; returns the batch as it then is."""
+        validate a ``validating`` batch; returns the batch as it then is. ``order``: how a
+        batch that starts now runs its lines: ``prefix`` (lines that share a prompt prefix
+        together, ``fleet.prefix_ranks``) or ``input`` (the file's order)."""
         for _ in range(len(BatchStatus)):
             progress = self.lines.progress(batch_id, now)
             if progress is None:
                 return None
             if progress.status is _S.VALIDATING and now < progress.expires_at:
-                self._validate(batch_id, now)
+                self._validate(batch_id, now, order)
                 continue
             target = next_batch_status(now, progress, cancel_grace_s=cancel_grace_s)
             if target is None:
@@ -231,7 +239,7 @@ class Batches:
             self._move(batch_id, target, now)
         return self.get(batch_id, owner=None)
 
-    def _validate(self, batch_id: str, now: float) -> None:
+    def _validate(self, batch_id: str, now: float, order: str) -> None:
         batch = self.get(batch_id, owner=None)
         if batch is None or batch.status is not _S.VALIDATING:
             return
@@ -250,6 +258,8 @@ class Batches:
                 return
             if not _cas(conn, batch_id, _S.IN_PROGRESS, now):
                 return
+            requests = parsed.requests
+            ranks = prefix_ranks(requests) if order == "prefix" else range(len(requests))
             rows = [
                 {
                     "batch_id": batch_id,
@@ -259,8 +269,9 @@ class Batches:
                     "body": json.dumps(r.body),
                     "state": PENDING,
                     "attempts": 0,
+                    "run_order": rank,
                 }
-                for r in parsed.requests
+                for r, rank in zip(requests, ranks, strict=True)
             ]
             for start in range(0, len(rows), 5000):
                 conn.execute(insert(s.batch_lines), rows[start : start + 5000])

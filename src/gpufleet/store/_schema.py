@@ -16,7 +16,8 @@
     adapters     name · model (its pool) · path · rank · created_at (LoRA adapters registered
                  at run time: POST /admin/adapters)
     batch_lines  batch_id · line · custom_id · request_id · body (JSON) · state · worker ·
-                 lease_until · attempts · result (status code, response JSON, or error)
+                 lease_until · attempts · result (status code, response JSON, or error) ·
+                 run_order (lines sharing a prompt prefix run together)
 
 Times are Unix seconds (float). ``usage.id`` and ``audit.id`` are random primary keys the
 gateway gives each record, so replaying a journal twice inserts nothing twice
@@ -180,8 +181,13 @@ batch_lines = Table(
     Column("error_code", String(64), nullable=True),
     Column("error_message", Text, nullable=True),
     Column("done_at", Float, nullable=True),
+    Column("run_order", Integer, nullable=True),
+    # the order lines are claimed in (fleet.prefix_ranks); NULL for a batch started by an
+    # earlier version, whose lines run in input order. Added to an older database's table
+    # when the store opens (store/_store.py, _upgrade).
     UniqueConstraint("batch_id", "custom_id"),
     Index("batch_lines_state", "batch_id", "state", "line"),
+    Index("batch_lines_run_order", "batch_id", "state", "run_order"),
 )
 
 rollouts = Table(

@@ -28,7 +28,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sqlalchemy import Engine, Integer, create_engine, event, func, insert, select, update
+from sqlalchemy import (
+    Engine,
+    Integer,
+    create_engine,
+    event,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gpufleet.store import _schema as s
@@ -132,6 +143,7 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         s.metadata.create_all(engine)
+        _upgrade(engine)
         self.admins = AdminKeys(engine)
         self.files = Files(engine)
         self.batch_lines = BatchLines(engine)
@@ -390,3 +402,17 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _upgrade(engine: Engine) -> None:
+    """Bring a database made by an earlier version up to this schema: ``create_all`` adds
+    missing tables, not missing columns. ``batch_lines.run_order`` (the claim order) is
+    added, nullable, with its index; nothing is rewritten (old batches keep input order)."""
+    columns = {c["name"] for c in inspect(engine).get_columns("batch_lines")}
+    if "run_order" in columns:
+        return
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE batch_lines ADD COLUMN run_order INTEGER"))
+    for index in s.batch_lines.indexes:
+        if index.name == "batch_lines_run_order":
+            index.create(engine, checkfirst=True)
