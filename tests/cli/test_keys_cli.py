@@ -18,9 +18,10 @@ def test_keys_lifecycle(tmp_path: Path) -> None:
     made = runner.invoke(
         app,
         ["keys", "create", "--tenant", "team-a", "--models", "m1,m2", "--rpm", "60",
-         "--priority", "batch", "--weight", "2", "--db", db],
+         "--priority", "batch", "--weight", "2", "--batch-queue", "50000", "--db", db],
     )  # fmt: skip
     assert made.exit_code == 0, made.output
+    assert "batch_queue 50000" in made.output
     key = made.output.strip().splitlines()[-1]
     parts = split_key(key)
     assert parts is not None
@@ -42,6 +43,7 @@ def test_keys_lifecycle(tmp_path: Path) -> None:
         tenant = store.tenant("team-a")
         assert tenant is not None
         assert (tenant.settings.rpm, tenant.settings.priority) == (60, "batch")
+        assert tenant.settings.batch_queue == 50000
         actions = [e["action"] for e in store.audit_entries()]
         assert {"keys.create", "keys.rotate"} <= set(actions)
     finally:
@@ -55,6 +57,11 @@ def test_bad_settings_are_one_line_errors(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "priority must be one of" in result.output
+    result = runner.invoke(
+        app, ["keys", "create", "--tenant", "t", "--batch-queue", "0", "--db", db]
+    )
+    assert result.exit_code == 2
+    assert "batch_queue must be >= 1" in result.output
 
 
 def test_usage_report(tmp_path: Path) -> None:

@@ -7,14 +7,23 @@ from __future__ import annotations
 import io
 import json
 import socket
+import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from gpufleet.store import Store
-from tests.gateway.batches import CHAT, input_lines, jsonl, serve_batch_gateway, upload, wait_ended
+from gpufleet.store import Store, TenantSettings
+from tests.gateway.batches import (
+    CHAT,
+    input_lines,
+    jsonl,
+    serve_batch_gateway,
+    slow_replica,
+    upload,
+    wait_ended,
+)
 from tests.gateway.conftest import MODEL, fleet, sim_replica
 from tests.gateway.tenants import serve_tenant_gateway, tenant_fleet
 
@@ -242,3 +251,36 @@ def test_a_tenant_sees_only_its_own_files_and_batches(tmp_path: Path) -> None:
             openai.OpenAI(base_url=gw.v1, api_key="nope", max_retries=0).files.list()
         a.close()
         b.close()
+
+
+def test_a_tenants_batch_queue_fails_a_batch_past_it_with_openais_error(tmp_path: Path) -> None:
+    """A tenant with ``batch_queue`` 8: a 5-line batch runs; a second 5-line batch fails at
+    validation with ``batch_queue_limit_exceeded`` in its ``errors``, as OpenAI fails one
+    past its enqueued limit; cancel the first, and the next one runs."""
+    config = tenant_fleet(gateway=FAST_POLL)
+    with slow_replica(1.0) as url, serve_tenant_gateway(tmp_path, config, [url]) as gw:
+        _, key = gw.store.create_key("team-a", TenantSettings(batch_queue=8))
+        gw.tenancy.reload()
+        with openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0) as client:
+            slow = upload(client, input_lines(5, max_tokens=2000))
+            first = client.batches.create(
+                input_file_id=slow, endpoint=CHAT, completion_window="24h"
+            )
+            deadline = time.monotonic() + 10
+            while client.batches.retrieve(first.id).status == "validating":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            second = client.batches.create(
+                input_file_id=upload(client, input_lines(5)), endpoint=CHAT, completion_window="24h"
+            )
+            failed = wait_ended(client, second.id)
+            assert failed.status == "failed"
+            assert failed.errors is not None
+            assert [e.code for e in failed.errors.data or []] == ["batch_queue_limit_exceeded"]
+            assert client.batches.retrieve(first.id).status == "in_progress"
+            client.batches.cancel(first.id)
+            wait_ended(client, first.id)
+            third = client.batches.create(
+                input_file_id=upload(client, input_lines(5)), endpoint=CHAT, completion_window="24h"
+            )
+            assert wait_ended(client, third.id).status == "completed"

@@ -187,6 +187,7 @@ admin_bodies = mutated(
         "rpm": odd_ints | odd_floats | st.booleans(),
         "tpm": odd_ints,
         "concurrency": odd_ints,
+        "batch_queue": odd_ints | odd_floats,
         "priority": st.text(max_size=8) | st.none(),
         "weight": odd_floats | odd_ints | st.booleans(),
         "admin": st.booleans(),
@@ -503,6 +504,8 @@ def test_admin_api(
     [  # found by test_admin_api: a 500 (the database refused it), or nonsense stored
         ("/admin/tenants/x", {"rpm": 2**70}),
         ("/admin/tenants/x", {"concurrency": 2**63}),
+        ("/admin/tenants/x", {"batch_queue": 0}),
+        ("/admin/tenants/x", {"batch_queue": 2**63}),
         ("/admin/tenants/x", {"weight": 2**2000}),
         ("/admin/tenants/x", {"weight": "Infinity"}),
         ("/admin/tenants/x", {"rpm": 1.5}),

@@ -10,7 +10,7 @@ import threading
 import pytest
 from sqlalchemy import func, inspect, select, text
 
-from gpufleet.store import LineResult, Store, StoreError
+from gpufleet.store import LineResult, Store, StoreError, Tenant, TenantSettings
 from gpufleet.store import _schema as schema
 from tests.store.batches import CHAT, T0, input_file, jsonl, reply, started
 
@@ -340,6 +340,7 @@ def test_an_older_database_gains_the_run_order_and_keeps_its_batches(db_url: str
     with store.engine.begin() as conn:  # as a database made before run_order was
         conn.execute(text("DROP INDEX batch_lines_run_order"))
         conn.execute(text("ALTER TABLE batch_lines DROP COLUMN run_order"))
+        conn.execute(text("ALTER TABLE tenants DROP COLUMN batch_queue"))
     store.close()
     store = Store.open(db_url)  # the upgrade adds the column and its index back
     try:
@@ -347,8 +348,33 @@ def test_an_older_database_gains_the_run_order_and_keeps_its_batches(db_url: str
         assert "run_order" in columns
         indexes = {i["name"] for i in inspect(store.engine).get_indexes("batch_lines")}
         assert "batch_lines_run_order" in indexes
+        assert "batch_queue" in {c["name"] for c in inspect(store.engine).get_columns("tenants")}
         claims = store.batch_lines.claim(old.id, worker="w", now=T0 + 2, limit=10)
         assert [c.custom_id for c in claims] == [f"r-{i}" for i in range(4)]  # input order
         assert len(started(store, 3).id) > 0  # and a new batch starts on it
     finally:
         store.close()
+
+
+def test_a_tenants_batch_queue_fails_a_batch_that_would_pass_it(db: Store) -> None:
+    """``batch_queue`` 10 lines: a 6-line batch starts; a second fails at validation while
+    the first is unfinished (OpenAI's enqueued limit, in lines); once it ends, one starts."""
+    db.create_key("a", TenantSettings(batch_queue=10))
+    assert db.tenant("a") == Tenant("a", TenantSettings(batch_queue=10))  # stored, read back
+    first = started(db, 6)
+    f = db.files.create("a", "batch", input_file(6), "in.jsonl", now=T0)
+    second = db.batches.advance(db.batches.create("a", f.id, CHAT, now=T0).id, now=T0 + 1)
+    assert second is not None
+    assert second.status == "failed"
+    (error,) = second.errors
+    assert error.code == "batch_queue_limit_exceeded"
+    assert "limit 10 lines" in error.message
+    assert "6 enqueued" in error.message
+    assert started(db, 4).status == "in_progress"  # 6 + 4 fit
+    for claim in db.batch_lines.claim(first.id, worker="w", now=T0 + 2, limit=10):
+        db.batch_lines.record(first.id, claim.line, LineResult.response(200, {}), now=T0 + 3)
+    assert (done := db.batches.advance(first.id, now=T0 + 4)) is not None
+    assert done.status == "completed"
+    assert started(db, 6).status == "in_progress"  # the first's lines left the queue
+    # another tenant, no limit: its batches are its own
+    assert started(db, 50, owner="b").status == "in_progress"

@@ -59,6 +59,10 @@ def create(
     concurrency: Annotated[int | None, typer.Option(help="Requests at once.")] = None,
     priority: Annotated[str | None, typer.Option(help="interactive (default) or batch.")] = None,
     weight: Annotated[float | None, typer.Option(help="Fair-share weight (default 1).")] = None,
+    batch_queue: Annotated[
+        int | None,
+        typer.Option(help="Lines its unfinished batches may hold at once (default: no limit)."),
+    ] = None,
     admin: Annotated[
         bool, typer.Option("--admin", help="An admin credential (for /admin and /console).")
     ] = False,
@@ -78,7 +82,7 @@ def create(
     gpufleet keys create --admin --role operator --name alice
     """
     if admin or role is not None or name is not None:
-        tenant_only = (models, rpm, tpm, concurrency, priority, weight)
+        tenant_only = (models, rpm, tpm, concurrency, priority, weight, batch_queue)
         _create_admin(tenant, role, name, any(v is not None for v in tenant_only), db)
         return
     with user_errors():
@@ -93,6 +97,7 @@ def create(
                 "concurrency": concurrency,
                 "priority": priority,
                 "weight": weight,
+                "batch_queue": batch_queue,
             }
             old = store.tenant(tenant)
             base = TenantSettings() if old is None else old.settings
@@ -133,7 +138,7 @@ def _describe(settings: TenantSettings) -> str:
     models = "all models" if settings.models is None else ",".join(settings.models)
     limits = [
         f"{name} {value}"
-        for name in ("rpm", "tpm", "concurrency")
+        for name in ("rpm", "tpm", "concurrency", "batch_queue")
         if (value := getattr(settings, name)) is not None
     ]
     return ", ".join([models, *limits, settings.priority, f"weight {settings.weight:g}"])

@@ -353,7 +353,7 @@ def _settings(data: dict[str, Any]) -> TenantSettings:
         if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
             raise BadRequestError("`models` must be a list of model names (or null)")
         data["models"] = tuple(_text(m, "a model name") for m in models)
-    for name in ("rpm", "tpm", "concurrency"):
+    for name in ("rpm", "tpm", "concurrency", "batch_queue"):
         value = data.get(name)
         if value is not None and (
             not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MAX_QUOTA

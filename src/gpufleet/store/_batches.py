@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sqlalchemy import Connection, Engine, Row, and_, insert, not_, select, update
+from sqlalchemy import Connection, Engine, Row, and_, func, insert, not_, select, update
 
 from gpufleet.fleet import (
     BATCH_CANCEL_GRACE_S,
@@ -47,6 +47,7 @@ from gpufleet.fleet import (
 from gpufleet.store import _schema as s
 from gpufleet.store._batch_lines import (
     CLAIMED,
+    DONE,
     PENDING,
     BatchLines,
     finish_unfinished,
@@ -252,6 +253,8 @@ class Batches:
         else:
             parsed = parse_batch_input(data, batch.endpoint)
         with self.engine.begin() as conn:
+            if parsed.ok:
+                parsed = _within_queue(conn, batch.owner, parsed)
             if not parsed.ok:
                 errors = json.dumps([e.to_openai() for e in parsed.errors])
                 _cas(conn, batch_id, _S.FAILED, now, errors=errors)
@@ -312,6 +315,40 @@ class Batches:
         rows = conn.execute(query).all()
         counts = request_counts(conn, [r.id for r in rows])
         return [_batch(r, counts.get(r.id, RequestCounts())) for r in rows]
+
+
+_QUEUED: Final = (_S.IN_PROGRESS, _S.FINALIZING, _S.CANCELLING)
+"""Statuses whose lines not done yet count in the tenant's batch queue."""
+
+
+def _within_queue(conn: Connection, owner: str, parsed: BatchInput) -> BatchInput:
+    """``parsed``, or a failed input when its lines and those the owner's unfinished batches
+    still hold pass the owner's ``batch_queue`` (OpenAI fails such a batch at validation the
+    same way, counting enqueued tokens)."""
+    limit = conn.execute(
+        select(s.tenants.c.batch_queue).where(s.tenants.c.name == owner)
+    ).scalar_one_or_none()
+    if limit is None:
+        return parsed
+    lines, batches = s.batch_lines.c, s.batches.c
+    queued = conn.execute(
+        select(func.count())
+        .select_from(s.batch_lines.join(s.batches, batches.id == lines.batch_id))
+        .where(
+            batches.owner == owner,
+            batches.status.in_([status.value for status in _QUEUED]),
+            lines.state != DONE,
+        )
+    ).scalar_one()
+    if queued + len(parsed.requests) <= limit:
+        return parsed
+    message = (
+        f"Enqueued line limit reached for {owner}: limit {limit} lines in unfinished batches, "
+        f"{queued} enqueued, this batch {len(parsed.requests)}. Please try again once some "
+        "in_progress batches have been completed."
+    )
+    error = LineError("batch_queue_limit_exceeded", message)
+    return BatchInput(parsed.endpoint, (), (error,))
 
 
 def _cas(

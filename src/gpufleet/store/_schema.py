@@ -3,6 +3,7 @@
 ::
 
     tenants   name · models (JSON list or NULL: all) · rpm · tpm · concurrency · priority · weight
+              · batch_queue (lines in unfinished batches)
     api_keys  key_id · tenant · secret_hash (sha256) · created_at · revoked_at · replaced_by
     admin_keys  key_id · role (viewer|operator|admin) · name · secret_hash · created_at ·
                 revoked_at   (admin credentials: no tenant; a table of their own, _admins.py)
@@ -57,6 +58,7 @@ tenants = Table(
     Column("priority", String(32), nullable=False),
     Column("weight", Float, nullable=False),
     Column("created_at", Float, nullable=False),
+    Column("batch_queue", Integer, nullable=True),  # added by _upgrade to older databases
 )
 
 api_keys = Table(

@@ -84,13 +84,17 @@ class TenantSettings:
     concurrency: int | None = None
     priority: Priority = "interactive"
     weight: float = 1.0
+    batch_queue: int | None = None
+    """The most lines the tenant's unfinished batches may hold at once (OpenAI's enqueued
+    limit, counted in lines): a batch that would pass it fails at validation
+    (``batch_queue_limit_exceeded``); ``None``: no limit."""
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
             raise StoreError(f"priority must be one of {', '.join(PRIORITIES)}")
         if not self.weight > 0:
             raise StoreError("weight must be > 0")
-        for name in ("rpm", "tpm", "concurrency"):
+        for name in ("rpm", "tpm", "concurrency", "batch_queue"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise StoreError(f"{name} must be >= 1")
@@ -391,6 +395,7 @@ def _settings(row: Any) -> TenantSettings:
         concurrency=row["concurrency"],
         priority=row["priority"],
         weight=row["weight"],
+        batch_queue=row["batch_queue"],
     )
 
 
@@ -406,13 +411,18 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def _upgrade(engine: Engine) -> None:
     """Bring a database made by an earlier version up to this schema: ``create_all`` adds
-    missing tables, not missing columns. ``batch_lines.run_order`` (the claim order) is
-    added, nullable, with its index; nothing is rewritten (old batches keep input order)."""
-    columns = {c["name"] for c in inspect(engine).get_columns("batch_lines")}
-    if "run_order" in columns:
-        return
+    missing tables, not missing columns. Added, nullable, where missing:
+    ``batch_lines.run_order`` (the claim order) with its index (old batches keep input
+    order), and ``tenants.batch_queue`` (no limit). Nothing is rewritten."""
+    found = inspect(engine)
+    lines = {c["name"] for c in found.get_columns("batch_lines")}
+    tenants = {c["name"] for c in found.get_columns("tenants")}
     with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE batch_lines ADD COLUMN run_order INTEGER"))
-    for index in s.batch_lines.indexes:
-        if index.name == "batch_lines_run_order":
-            index.create(engine, checkfirst=True)
+        if "run_order" not in lines:
+            conn.execute(text("ALTER TABLE batch_lines ADD COLUMN run_order INTEGER"))
+        if "batch_queue" not in tenants:
+            conn.execute(text("ALTER TABLE tenants ADD COLUMN batch_queue INTEGER"))
+    if "run_order" not in lines:
+        for index in s.batch_lines.indexes:
+            if index.name == "batch_lines_run_order":
+                index.create(engine, checkfirst=True)
