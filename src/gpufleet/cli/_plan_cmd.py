@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 from rich.console import Console
@@ -42,7 +42,15 @@ _FLAGS = {  # pydantic field → the flag a user typed, for error messages
     "fleet.nodes_per_rack": "--nodes-per-rack",
     "fleet.gpus_per_node": "--gpus-per-node",
     "fleet.prices": "--price",
+    "batch.lines": "--batch-lines",
+    "batch.input_tokens": "--batch-input-tokens",
+    "batch.output_tokens": "--batch-output-tokens",
+    "batch.window_hours": "--batch-window-hours",
+    "batch.spare_target": "--spare-target",
+    "batch.spot_discount": "--spot-discount",
+    "batch.preemptions_per_gpu_hour": "--preemptions-per-gpu-hour",
 }
+_BATCH: Final = "Batch and spot"
 
 _WORKLOAD_FLAGS = (  # parameter → flag: with --simulate, the trace is the workload
     ("rps", "--rps"),
@@ -209,6 +217,38 @@ def plan(
     plots: Annotated[
         bool, typer.Option(help="Draw pareto.png.", rich_help_panel="Checked by simulation")
     ] = True,
+    batch_lines: Annotated[
+        int | None,
+        typer.Option(
+            help="A batch job of this many lines: run on spare capacity, the rest on spot.",
+            rich_help_panel=_BATCH,
+        ),
+    ] = None,
+    batch_input_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="A line's mean prompt (default: --input-tokens).", rich_help_panel=_BATCH
+        ),
+    ] = None,
+    batch_output_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="A line's mean output (default: --output-tokens).", rich_help_panel=_BATCH
+        ),
+    ] = None,
+    batch_window_hours: Annotated[
+        float, typer.Option(help="The job's completion window.", rich_help_panel=_BATCH)
+    ] = 24.0,
+    spare_target: Annotated[
+        float,
+        typer.Option(help="Share of the fleet batch lines may fill.", rich_help_panel=_BATCH),
+    ] = 0.8,
+    spot_discount: Annotated[
+        float, typer.Option(help="Spot's price below on-demand.", rich_help_panel=_BATCH)
+    ] = 0.7,
+    preemptions_per_gpu_hour: Annotated[
+        float, typer.Option(help="Spot preemptions per GPU-hour.", rich_help_panel=_BATCH)
+    ] = 0.05,
 ) -> None:
     """Plan a fleet: memory, parallelism, KV capacity, replicas, cost and power per GPU type.
 
@@ -259,6 +299,17 @@ def plan(
                     "ttft_p50_ms": ttft_p50_ms,
                     "tpot_p50_ms": tpot_ms,
                     "tpot_p99_ms": tpot_p99_ms,
+                },
+                "batch": None
+                if batch_lines is None
+                else {
+                    "lines": batch_lines,
+                    "input_tokens": batch_input_tokens,
+                    "output_tokens": batch_output_tokens,
+                    "window_hours": batch_window_hours,
+                    "spare_target": spare_target,
+                    "spot_discount": spot_discount,
+                    "preemptions_per_gpu_hour": preemptions_per_gpu_hour,
                 },
                 "fleet": {
                     "target_utilization": target_utilization,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.planner import GPUPlan, PlanReport
+from gpufleet.planner import BatchReport, GPUPlan, PlanReport
 
 _STATUS = {
     "meets_slo": "[green]meets SLO[/]",
@@ -105,11 +105,31 @@ def _details(plan: GPUPlan) -> Table:
             f"{p.kw_per_replica:.1f} kW per replica, {p.kw_fleet:,.1f} kW fleet, "
             f"{p.kw_per_rack:.1f} kW per rack of {p.nodes_per_rack} nodes",
         )
+    if plan.batch is not None:
+        table.add_row("batch job", _batch_line(plan.batch))
     for candidate in plan.candidates:
         table.add_row(f"  TP{candidate.tp}×PP{candidate.pp}", candidate.note)
     for warning in plan.warnings:
         table.add_row("[yellow]warning[/]", warning)
     return table
+
+
+def _batch_line(b: BatchReport) -> str:
+    """``2,000,000 lines in 24 h: 1,878,746 on spare capacity; 121,254 (6.1 %) on 1 spot
+    replica, $21.60 with ~1.2 preemptions, vs $72.00 on-demand (70 % less)``."""
+    text = (
+        f"{b.lines:,} lines in {b.window_hours:g} h at {b.lines_per_s_per_replica:.2f}/s per "
+        f"replica: {b.spare_lines:,} on spare capacity"
+    )
+    if not b.spot_lines:
+        return text + "; no GPU more"
+    return text + (
+        f"; {b.spot_lines:,} ({b.spot_share:.1%}) on {b.spot_replicas} spot "
+        f"replica{'s' if b.spot_replicas != 1 else ''} at ${b.spot_price_per_gpu_hour_usd:.2f}"
+        f"/GPU-h, ${b.spot_cost_usd:,.2f} with ~{b.expected_preemptions:g} preemptions "
+        f"(~{b.expected_rerun_lines:,.0f} lines re-run), vs ${b.on_demand_cost_usd:,.2f} "
+        f"on {b.on_demand_replicas} on-demand ({b.savings:.0%} less)"
+    )
 
 
 def render(report: PlanReport, *, details: bool, console: Console | None = None) -> None:

@@ -1,9 +1,10 @@
 """Capacity planning: GPUs per replica, parallelism, KV capacity, replicas, cost and power."""
 
-from gpufleet.planner._inputs import SLO, FleetPolicy, PlanRequest, Workload
+from gpufleet.planner._inputs import SLO, BatchWorkload, FleetPolicy, PlanRequest, Workload
 from gpufleet.planner._plan import PlanError, plan, plan_gpu
 from gpufleet.planner._report import (
     SCHEMA_VERSION,
+    BatchReport,
     CandidateReport,
     CostReport,
     GPUPlan,
@@ -19,6 +20,8 @@ from gpufleet.planner._report import (
 __all__ = [
     "SCHEMA_VERSION",
     "SLO",
+    "BatchReport",
+    "BatchWorkload",
     "CandidateReport",
     "CostReport",
     "FleetPolicy",

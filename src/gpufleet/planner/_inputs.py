@@ -79,6 +79,31 @@ class FleetPolicy(BaseModel):
     prices: dict[str, PositiveFloat] = Field(default_factory=dict)
 
 
+class BatchWorkload(BaseModel):
+    """A batch job beside the interactive load: ``lines`` requests to finish within
+    ``window_hours``, first on the interactive fleet's spare capacity, the rest on spot GPUs
+    of the same type (docs/planner.md, "Batch and spot")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lines: PositiveInt
+    input_tokens: PositiveInt | None = None
+    """Mean prompt of a line (default: the interactive workload's)."""
+    output_tokens: PositiveInt | None = None
+    window_hours: PositiveFloat = 24.0
+    """The Batch API's ``completion_window``."""
+    spare_target: float = Field(default=0.8, gt=0.0, le=1.0)
+    """The share of the interactive fleet's capacity batch lines may fill (the gate's
+    ``gateway.batch.spare.target``)."""
+    spot_discount: float = Field(default=0.7, ge=0.0, lt=1.0)
+    """Spot's price below on-demand (seed 004: about 70 %), where ``spot_prices`` names none."""
+    spot_prices: dict[str, PositiveFloat] = Field(default_factory=dict)
+    """Spot price per GPU-hour, by GPU name."""
+    preemptions_per_gpu_hour: float = Field(default=0.05, ge=0.0)
+    replace_s: PositiveFloat = 300.0
+    """Seconds a preempted replica's capacity is gone: its replacement found and started."""
+
+
 class PlanRequest(BaseModel):
     """Everything ``plan()`` needs besides the specs themselves."""
 
@@ -89,3 +114,5 @@ class PlanRequest(BaseModel):
     workload: Workload = Workload()
     slo: SLO = SLO()
     fleet: FleetPolicy = FleetPolicy()
+    batch: BatchWorkload | None = None
+    """A batch job to place on spare and spot capacity (``None``: none)."""

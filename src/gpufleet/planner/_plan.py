@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from gpufleet.catalog import GPUSpec, ModelSpec
 from gpufleet.perf import GIB, EngineLimits, MemoryPlan, Parallelism, StepTimeModel, memory_plan
+from gpufleet.planner._batch import batch_report, batch_shape, lines_point
 from gpufleet.planner._inputs import PlanRequest
 from gpufleet.planner._operating import (
     OperatingPoint,
@@ -292,6 +293,24 @@ def plan_gpu(model: ModelSpec, gpu: GPUSpec, request: PlanRequest) -> GPUPlan:
     slot_watts = watts_per_gpu_slot(gpu)
     rack_kw = fleet.nodes_per_rack * fleet.gpus_per_node * slot_watts / 1000
     fleet_size = _fleet_size(point, par, request, price) if meets else None
+    batch = None
+    if request.batch is not None and fleet_size is not None:
+        stm = StepTimeModel(
+            model,
+            gpu,
+            tp=par.tp,
+            pp=par.pp,
+            weights_dtype=request.weights_dtype,
+            kv_dtype=request.kv_dtype,
+        )
+        shape = batch_shape(request, request.batch)
+        lines = lines_point(stm, chosen.memory, request, shape)
+        if lines is not None:
+            total = fleet_size.replicas.total
+            batch = batch_report(
+                request.batch, request, gpu.name, par.gpus, total, point.requests_per_s,
+                price, lines,
+            )  # fmt: skip
     warnings = _warnings(gpu, chosen, kv, request)
     if rack_kw > fleet.air_cooled_rack_kw:
         warnings.append(
@@ -332,6 +351,7 @@ def plan_gpu(model: ModelSpec, gpu: GPUSpec, request: PlanRequest) -> GPUPlan:
         else None,
         candidates=[_candidate_report(c) for c in candidates],
         warnings=warnings,
+        batch=batch,
     )
 
 

@@ -94,6 +94,35 @@ class PowerReport(_Frozen):
     air_cooling_ok: bool
 
 
+class BatchReport(_Frozen):
+    """A batch job on this plan: what the interactive fleet's spare capacity runs within its
+    window, and a spot pool of the same replicas for the rest, against on-demand."""
+
+    lines: int
+    window_hours: float
+    lines_per_s_per_replica: float
+    """One replica at its highest throughput for the lines' shape (no latency target)."""
+    spare_lines: int
+    """Lines the interactive fleet runs in the window on what its mean load leaves, filled up
+    to ``spare_target`` of its capacity."""
+    spot_lines: int
+    spot_share: float
+    """Of the lines, the share proposed for spot."""
+    spot_replicas: int
+    spot_price_per_gpu_hour_usd: float
+    spot_cost_usd: float
+    """The spot pool for the window, its preemptions' lost time included."""
+    expected_preemptions: float
+    expected_rerun_lines: float
+    """Lines in flight on a preempted replica run again (half a line's work lost each, on
+    average, counted as a whole line here)."""
+    on_demand_replicas: int
+    on_demand_cost_usd: float
+    """The same lines on on-demand replicas instead."""
+    savings: float
+    """1 − spot cost ÷ on-demand cost."""
+
+
 class GPUPlan(_Frozen):
     """The plan of the fleet on one GPU type. Fields after ``status`` are null when it fails."""
 
@@ -115,6 +144,8 @@ class GPUPlan(_Frozen):
     power: PowerReport | None
     candidates: list[CandidateReport]
     warnings: list[str]
+    batch: BatchReport | None = None
+    """The request's batch job on this plan (one that meets the SLO), if it named one."""
 
 
 class PlanReport(_Frozen):
