@@ -15,8 +15,9 @@ from gpufleet.cli import app
 from gpufleet.config import FleetConfig, load_fleet, parse_fleet
 from gpufleet.control import read_recording, replay
 from gpufleet.engine.model import NewRequest
+from gpufleet.fleet import prompt_text
 from gpufleet.sim import FleetSimulation, SimOptions, parse_fault
-from gpufleet.sim._batch_job import BATCH_JOB, BatchJob
+from gpufleet.sim._batch_job import BATCH_JOB, BatchJob, parse_batch_job
 from gpufleet.sim._replica_driver import ReplicaDriver
 from tests.sim.test_faults import requests
 
@@ -150,7 +151,7 @@ def test_the_cli_runs_a_batch_job_on_a_spot_pool(tmp_path: Path) -> None:
     assert report["batch"]["completed"] == 300
     assert report["cost"]["by_capacity"]["spot"]["gpu_hours"] > 0
     for spec, message in [
-        ("many", "'many' is not a number of lines"),
+        ("many", "'many' is neither a number of lines nor a batch file"),
         ("10:when=3", "unknown key 'when'"),
         ("10:model=nope", "no served model 'nope'"),
         ("0", "at least one line"),
@@ -262,3 +263,61 @@ def test_lines_reach_priority_engines_with_a_lower_priority_and_fcfs_ones_withou
         lines = {p for i, p in sent.items() if tenants[ids[i]] == BATCH_JOB}
         others = {p for i, p in sent.items() if tenants[ids[i]] != BATCH_JOB}
         assert (lines, others) == ({lowered}, {0})
+
+
+def test_a_batch_input_file_runs_its_own_lines_in_prefix_order(tmp_path: Path) -> None:
+    """``--batch nightly.jsonl``: the lines of an OpenAI batch input file, sized by their
+    text and ``max_tokens``, run in prefix order: lines that share a long system prompt find
+    it in the modelled caches, more than the same file in its own order does."""
+    systems = [f"You are assistant {k}. " * 120 for k in range(6)]
+    lines = [
+        {
+            "custom_id": f"r-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": POOL,
+                "messages": [
+                    {"role": "system", "content": systems[(i * 7) % 6]},
+                    {"role": "user", "content": f"question {i}"},
+                ],
+                "max_tokens": 20 + i % 5,
+            },
+        }
+        for i in range(300)
+    ]
+    path = tmp_path / "nightly.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    job = parse_batch_job(f"{path}:window=3600")
+    assert (job.lines, job.file) == (300, path)
+    first = job.requests(0)[0]
+    text = prompt_text(lines[0]["body"])  # type: ignore[arg-type]
+    assert first.input_tokens == len(text) // 4  # 4 characters a token, as the gateway
+    assert len(first.hash_ids or ()) == len(text) // 512  # its 512-character blocks
+    outputs = sorted(r.output_tokens for r in job.requests(0))
+    assert outputs == sorted(20 + i % 5 for i in range(300))
+    hits = {}
+    for order in ("prefix", "input"):
+        config = parse_fleet(
+            {
+                "models": [{"name": POOL, "replicas": 1,
+                            "args": ["--max-num-seqs", "8", "--num-gpu-blocks-override", "160",
+                                     "--max-model-len", "1024"]}],
+                "gateway": {"batch": {"order": order}},
+            },
+            source="test",
+        )  # fmt: skip
+        sim = FleetSimulation(config, SimOptions(seed=1, batch=job))
+        sim.start([])
+        sim.run()
+        assert sim.check() == []
+        report = sim.report({})
+        assert report["batch"]["completed"] == 300
+        rows = sim.harness.recorder.log
+        hits[order] = sum(r.cached_tokens for r in rows) / sum(r.input_tokens for r in rows)
+    assert hits["prefix"] > hits["input"] + 0.1
+    with pytest.raises(ValueError, match="neither a number of lines nor a batch file"):
+        parse_batch_job("lots")
+    (tmp_path / "bad.jsonl").write_text('{"custom_id": "a"}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        parse_batch_job(f"{tmp_path / 'bad.jsonl'}")

@@ -463,8 +463,9 @@ def simulate(
     batch: Annotated[
         str | None,
         typer.Option(
-            help="A batch job: LINES[:at=S,model=NAME,window=S], its lines submitted at "
-            "`at` to served model NAME in the batch class (sizes from the packaged table).",
+            help="A batch job: LINES|FILE[:at=S,model=NAME,window=S], its lines submitted at "
+            "`at` to served model NAME in the batch class (sizes from the packaged table, or "
+            "an OpenAI batch input FILE's lines, sized by their text and max_tokens).",
             rich_help_panel="Batch",
         ),
     ] = None,

@@ -29,6 +29,7 @@ from gpufleet.fleet._batch_input import (
     LineError,
     parse_batch_input,
     prefix_ranks,
+    prompt_text,
 )
 from gpufleet.fleet._engine_metrics import (
     ENGINE_METRICS,
@@ -116,6 +117,7 @@ __all__ = [
     "next_batch_status",
     "parse_batch_input",
     "prefix_ranks",
+    "prompt_text",
     "read_engine_metrics",
     "text_prefix_hashes",
 ]

@@ -222,12 +222,20 @@ def prefix_ranks(requests: Sequence[BatchRequest]) -> list[int]:
 
 
 def _prompt_key(body: Mapping[str, Any]) -> str:
-    """The text a line's prompt starts with, as the engine would see it first: chat messages'
-    roles and text contents in order, else a completion's prompt or an embedding's input."""
+    """The model, then the text its prompt starts with (:func:`prompt_text`)."""
     model = body.get("model")
-    parts = [model if isinstance(model, str) else ""]
+    return ((model if isinstance(model, str) else "") + prompt_text(body, PREFIX_CHARS))[
+        :PREFIX_CHARS
+    ]
+
+
+def prompt_text(body: Mapping[str, Any], limit: int | None = None) -> str:
+    """A line's prompt as the engine would see it first, at least its first ``limit``
+    characters (``None``: all): chat messages' roles and text contents in order (each after
+    a NUL), else a completion's prompt or an embedding's input (a list as its JSON)."""
     messages = body.get("messages")
     if isinstance(messages, list):
+        parts: list[str] = []
         size = 0
         for message in messages:
             if not isinstance(message, dict):
@@ -235,12 +243,11 @@ def _prompt_key(body: Mapping[str, Any]) -> str:
             text = _text(message.get("content"))
             parts += ["\0", str(message.get("role", "")), "\0", text]
             size += len(text)
-            if size >= PREFIX_CHARS:
+            if limit is not None and size >= limit:
                 break
-    else:
-        prompt = body.get("prompt", body.get("input"))
-        parts.append(prompt if isinstance(prompt, str) else json.dumps(prompt)[:PREFIX_CHARS])
-    return "".join(parts)[:PREFIX_CHARS]
+        return "".join(parts)
+    prompt = body.get("prompt", body.get("input"))
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)[:limit]
 
 
 def _text(content: object) -> str:

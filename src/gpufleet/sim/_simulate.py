@@ -238,7 +238,8 @@ class FleetSimulation:
     def start(self, trace: Iterable[TraceRequest]) -> None:
         job = self.options.batch
         if job is not None:
-            trace = job.merged(list(trace), self.options.seed)
+            order = self.fleet.gateway.batch.order  # a batch file's lines, as live
+            trace = job.merged(list(trace), self.options.seed, order)
         self.harness.start(trace)
         self.routing.attach(self.harness)
         self.harness.every(self.options.sample_interval, self._sample)
