@@ -116,20 +116,13 @@ def test_batch_lines_reach_a_priority_engine_with_a_lower_priority(tmp_path: Pat
 
 
 def test_an_fcfs_sim_engine_refuses_a_priority_as_vllm_does() -> None:
+    body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 2, "priority": 1}  # fmt: skip
     with tapped_engine("fcfs", []) as url:
-        answer = httpx.post(
-            url + CHAT,
-            json={"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "x"}],
-                  "max_tokens": 2, "priority": 1},
-        )  # fmt: skip
+        answer = httpx.post(url + CHAT, json=body)
         assert answer.status_code == 400
         error = answer.json()["error"]
         assert "Priority scheduling is not enabled" in error["message"]
         assert error["param"] == "priority"
     with tapped_engine("priority", []) as url:
-        answer = httpx.post(
-            url + CHAT,
-            json={"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "x"}],
-                  "max_tokens": 2, "priority": 1},
-        )  # fmt: skip
-        assert answer.status_code == 200
+        assert httpx.post(url + CHAT, json=body).status_code == 200

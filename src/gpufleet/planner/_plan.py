@@ -119,14 +119,7 @@ def _evaluate(
     if memory.kv_tokens < p99_context:
         note = f"KV cache holds {memory.kv_tokens} tokens, less than one p99 request"
         return _Candidate(parallel, memory, None, None, note)
-    stm = StepTimeModel(
-        model,
-        gpu,
-        tp=parallel.tp,
-        pp=parallel.pp,
-        weights_dtype=request.weights_dtype,
-        kv_dtype=request.kv_dtype,
-    )
+    stm = _step_model(model, gpu, parallel, request)
     cap = min(kv_concurrency_limit(memory, request.workload), limits.max_num_seqs)
     point, single = best_operating_point(
         stm, request.workload, request.slo, limits.max_num_batched_tokens, cap
@@ -139,6 +132,19 @@ def _evaluate(
             point.concurrency
         )
     return _Candidate(parallel, memory, point, single, note)
+
+
+def _step_model(
+    model: ModelSpec, gpu: GPUSpec, parallel: Parallelism, request: PlanRequest
+) -> StepTimeModel:
+    return StepTimeModel(
+        model,
+        gpu,
+        tp=parallel.tp,
+        pp=parallel.pp,
+        weights_dtype=request.weights_dtype,
+        kv_dtype=request.kv_dtype,
+    )
 
 
 def _memory_report(memory: MemoryPlan) -> MemoryReport:
@@ -295,16 +301,8 @@ def plan_gpu(model: ModelSpec, gpu: GPUSpec, request: PlanRequest) -> GPUPlan:
     fleet_size = _fleet_size(point, par, request, price) if meets else None
     batch = None
     if request.batch is not None and fleet_size is not None:
-        stm = StepTimeModel(
-            model,
-            gpu,
-            tp=par.tp,
-            pp=par.pp,
-            weights_dtype=request.weights_dtype,
-            kv_dtype=request.kv_dtype,
-        )
         shape = batch_shape(request, request.batch)
-        lines = lines_point(stm, chosen.memory, request, shape)
+        lines = lines_point(_step_model(model, gpu, par, request), chosen.memory, request, shape)
         if lines is not None:
             total = fleet_size.replicas.total
             batch = batch_report(
