@@ -335,7 +335,18 @@ def _stream_ids(
 def _pid_of(fleet: RunningFleet, replica: str) -> int:
     """The process serving ``replica`` now: the child of ``gpufleet up`` started with the
     port of the replica's last launch (a restart takes a new port and pid; the runtime
-    writes each launch's command line into the replica's log)."""
+    writes each launch's command line into the replica's log, just before it starts the
+    process: a restart under way is waited for)."""
+    deadline = time.monotonic() + STARTUP_BUDGET_S
+    while (pid := _launched(fleet, replica)) is None:
+        assert time.monotonic() < deadline, f"no process of {replica} on its last port"
+        time.sleep(0.1)
+    return pid
+
+
+def _launched(fleet: RunningFleet, replica: str) -> int | None:
+    """The child of ``gpufleet up`` with the port of ``replica``'s last launch, if it runs
+    (and has exec'd: a child still forking shows its parent's command line)."""
     log = (fleet.run_dir / f"{replica}.log").read_text(errors="replace")
     launches = re.findall(r"--- gpufleet: launch \d+: .*--port (\d+)", log)
     assert launches, log[-2000:]
@@ -351,7 +362,7 @@ def _pid_of(fleet: RunningFleet, replica: str) -> int:
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         if ppid == fleet.process.pid and port.encode() in argv:
             return int(entry.name)
-    raise AssertionError(f"no process of {replica} on port {port}")
+    return None
 
 
 def _wait_ready(fleet: RunningFleet, count: int) -> None:
