@@ -8,6 +8,9 @@ import io
 import json
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpufleet.config import parse_fleet
 from gpufleet.control import (
     BATCH,
@@ -336,3 +339,125 @@ def test_recall_and_recallable_are_recorded() -> None:
         "replica": f"{POOL}-0",
         "id": "b1",
     }
+
+
+class _Shell:
+    """A stand-in shell for the property below: it answers a Route some steps later
+    (``Finished``, or ``AttemptFailed`` for a recalled attempt), and keeps the books a real
+    shell would: which requests run where, and how each one ended."""
+
+    def __init__(self, control: FleetController) -> None:
+        self.control = control
+        self.running: dict[str, str] = {}
+        """Request id → replica of its attempt in flight (as the shell has it)."""
+        self.recalled: list[str] = []
+        """Attempts the controller recalled, whose end the shell has not reported yet."""
+        self.endings: list[str] = []
+        """Request ids, once per ending: finished, rejected, or its client gone."""
+
+    def take(self, out: list[Any]) -> None:
+        for command in out:
+            if isinstance(command, Route):
+                assert command.request_id not in self.running, command
+                self.running[command.request_id] = command.replica
+            elif isinstance(command, Recall):
+                assert self.running.pop(command.request_id) == command.replica
+                self.recalled.append(command.request_id)
+            elif isinstance(command, Reject):
+                assert command.request_id not in self.running
+                self.endings.append(command.request_id)
+
+    def handle(self, now: float, event: Any) -> None:
+        self.take(list(self.control.handle(now, event)))
+
+    def finish(self, now: float, rid: str) -> None:
+        del self.running[rid]
+        self.endings.append(rid)
+        self.handle(now, Finished(POOL, rid))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    auth=st.booleans(),
+    steps=st.lists(
+        st.tuples(
+            # arrivals weigh more than ends: the pool fills, and interactive requests find
+            # replicas full of lines
+            st.sampled_from(
+                ["line"] * 3 + ["interactive"] * 2 + ["finish", "recalled", "gone", "tick"]
+            ),
+            st.integers(0, 1000),
+        ),
+        min_size=10,
+        max_size=80,
+    ),
+)
+def test_recall_keeps_every_count_and_ends_every_request_once(
+    auth: bool, steps: list[tuple[str, int]]
+) -> None:
+    """Random arrivals, ends, recalls reported late and clients leaving: no replica holds a
+    batch line while its own attempts pass its slots; at the end, with every attempt
+    reported, every request ended exactly once and every count is back to zero."""
+    control = gated(auth=auth, seqs=3, increase=100.0, target=1.0, max_wait=5.0)
+    pool = control.pools[POOL]
+    shell = _Shell(control)
+    now, ids = 0.0, []
+    for op, pick in steps:
+        now += 0.1
+        if op in ("line", "interactive"):
+            rid = f"{op[0]}{len(ids)}"
+            ids.append(rid)
+            request = RouteRequest(rid, POOL, prompt_tokens=50, tenant="t")
+            event = Arrived(request, BATCH, recallable=True) if op == "line" else Arrived(request)
+            shell.handle(now, event)
+        elif op == "finish" and shell.running:
+            shell.finish(now, sorted(shell.running)[pick % len(shell.running)])
+        elif op == "recalled" and shell.recalled:
+            rid = shell.recalled.pop(pick % len(shell.recalled))
+            shell.handle(now, AttemptFailed(POOL, rid, Outcome.CANCELLED))
+        elif op == "gone" and ids:
+            rid = ids[pick % len(ids)]
+            if rid not in shell.endings and rid not in shell.running:
+                shell.endings.append(rid)  # waiting (gate, queue) or recalled: it leaves
+                if rid in shell.recalled:
+                    shell.recalled.remove(rid)
+                shell.handle(now, ClientGone(POOL, rid))
+        else:
+            shell.handle(now, Tick())
+        for replica, lines in pool._batch_on.items():
+            assert pool.attempts.get(replica, 0) <= 3 or not lines
+    _drain(shell, now)
+    assert (pool.in_flight, pool.batch_in_flight, pool.gated, pool.queued) == (0, 0, 0, 0)
+    assert pool.attempts == {}
+    assert pool._batch_on == {}
+    assert sorted(shell.endings) == sorted(ids)  # each once
+
+
+def _drain(shell: _Shell, now: float) -> None:
+    """The shell reports every recalled attempt and finishes everything, until quiet."""
+    pool = shell.control.pools[POOL]
+    for _ in range(1000):
+        if not (shell.recalled or shell.running or pool.gated or pool.queued):
+            return
+        now += 1.0
+        for rid in list(shell.recalled):
+            shell.recalled.remove(rid)
+            shell.handle(now, AttemptFailed(POOL, rid, Outcome.CANCELLED))
+        for rid in list(shell.running):
+            shell.finish(now, rid)
+        shell.handle(now, Tick())
+
+
+def test_a_line_that_leaves_while_queued_in_admission_frees_its_room() -> None:
+    """Found by the property above: a line let through the gate that waits in admission and
+    whose client leaves (its batch cancelled) kept its place in ``batch_in_flight`` for
+    good, and the gate's room shrank by one each time."""
+    control = gated(auth=True, seqs=3, increase=100.0, target=1.0, recall=False)
+    pool = control.pools[POOL]
+    for i in range(7):
+        line(control, 0.0, i)
+    assert (pool.batch_in_flight, pool.queued, pool.gated) == (6, 1, 1)
+    out = control.handle(1.0, ClientGone(POOL, "b5"))  # the one queued in admission
+    assert pool.batch_in_flight == 6  # b6 came through the gate in its place
+    assert (pool.queued, pool.gated) == (1, 0)
+    assert routes(out) == []  # it waits in admission as b5 did

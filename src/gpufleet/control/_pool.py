@@ -1104,6 +1104,10 @@ class PoolController:
         del self._queued[rid]
         if self.admission is not None and req.ticket is not None:
             self.admission.discard(req.ticket)
+        if req.batch:  # a line let through the gate, waiting in admission: its room frees
+            self.batch_in_flight -= 1
+            if self._gated:
+                self._release(now, out)
 
     def _finish(
         self, req: _Request, reason: str, out: list[Command], *, budget: bool = False
