@@ -49,9 +49,9 @@ typecheck: $(STAMP)
 # Two runs, the slowest tests listed after each: the suite must stay well under 15 minutes in
 # CI. First the tests that start no process and time nothing (models, policies, the
 # controller on scripted events, the simulator, the replica model, the store, the CLI's
-# plans), on both cores
-# (pytest-xdist); then the rest, one at a time and alone on the machine: the live fleets,
-# engines and runtimes whose tests measure latencies and wake times. A new test directory
+# plans), on both cores (pytest-xdist); then the rest, one at a time and alone on the
+# machine: the live fleets, engines and runtimes whose tests measure latencies and wake
+# times. A new test directory
 # runs in the second (serial) run unless it is added to PARALLEL.
 PARALLEL := tests/sim tests/control tests/policy tests/perf tests/config tests/fleet \
             tests/planner tests/catalog tests/store tests/cli tests/engine/model \
