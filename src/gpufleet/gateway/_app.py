@@ -682,8 +682,19 @@ class Gateway:
                         raise await _origin_error(status, chunks)
                     outcome = Outcome.SUCCESS if status < 400 else Outcome.CLIENT_ERROR
                     if not stream or status >= 400:
+
+                        def read() -> None:  # the answer is in: an Abandon or Recall is late
+                            control.attempted(request_id)
+                            deadline.reschedule(None)
+
                         await self._answer_whole(
-                            response, send, (rid, served), model, arrived, admitted=admitted
+                            response,
+                            send,
+                            (rid, served),
+                            model,
+                            arrived,
+                            admitted=admitted,
+                            read=read,
                         )
                         return status, outcome, False
                     if admitted is not None:  # usage read on the way, ledgered before the end
@@ -836,9 +847,16 @@ class Gateway:
         arrived: float,
         *,
         admitted: Admitted | None = None,
+        read: Callable[[], None] | None = None,
     ) -> None:
-        """A whole answer; ``ours``: the request id's and the serving replica's headers."""
+        """A whole answer; ``ours``: the request id's and the serving replica's headers.
+        ``read`` is called once the answer is in, before it is sent on: the attempt is over
+        then, and an Abandon or a Recall that comes while it is sent must not cut the
+        client's response in half (the controller hears ``Finished``: a recalled line is
+        simply done)."""
         whole = b"".join([c async for c in response.chunks])
+        if read is not None:
+            read()
         ttft = self._clock() - arrived
         self.metrics.child(self.metrics.ttft, model).observe(ttft)
         if model in self.control.sampled:  # a rollout's analysis reads it

@@ -471,9 +471,9 @@ class LiveControl:
     def finished(
         self, model: str, rid: str, outcome: Outcome, work: tuple[int, int] | None = None
     ) -> None:
-        if self.recalled:  # recalled as its answer came: the recall found nothing to end
-            self.recalled.discard(rid)
-            self.abandoned.discard(rid)
+        # abandoned or recalled as its answer came: nothing was left to end
+        self.abandoned.discard(rid)
+        self.recalled.discard(rid)
         self.handle(Finished(model, rid, outcome, work), request=True)
 
     def gone(self, model: str, rid: str) -> None:
