@@ -461,3 +461,27 @@ def test_a_line_that_leaves_while_queued_in_admission_frees_its_room() -> None:
     assert pool.batch_in_flight == 6  # b6 came through the gate in its place
     assert (pool.queued, pool.gated) == (1, 0)
     assert routes(out) == []  # it waits in admission as b5 did
+
+
+def test_a_batch_line_to_a_priority_pool_carries_an_engine_priority() -> None:
+    """The controller says which requests reach their engines with vLLM's ``priority``
+    (both shells send what the Route says): batch-class ones, where the pool's engines
+    schedule by priority; none elsewhere, and never an interactive request."""
+    for policy, expected in (("priority", BATCH), ("fcfs", 0)):
+        fleet = parse_fleet(
+            {
+                "models": [
+                    {
+                        "name": POOL,
+                        "replicas": 2,
+                        "args": ["--max-num-seqs=4", "--scheduling-policy", policy],
+                    }
+                ]
+            }
+        )
+        control = FleetController.of(fleet)
+        up(control, 0.0, 2)
+        (line_route,) = [c for c in line(control, 0.0, 0) if isinstance(c, Route)]
+        (chat_route,) = [c for c in interactive(control, 0.0, 0) if isinstance(c, Route)]
+        assert (line_route.priority, chat_route.priority) == (expected, 0)
+        assert command_to_json(line_route).get("priority", 0) == expected

@@ -17,7 +17,6 @@ import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -275,8 +274,6 @@ class ScriptedHarness:
 class _Driver:
     down: bool = False
     scraped: tuple[int, int, float] | None = None
-    config = SimpleNamespace(scheduling_policy="fcfs")
-    """The engine's settings (``ReplicaDriver.config``): vLLM's default scheduling."""
 
     def load(self) -> tuple[int, int, float]:
         """What a scrape reads (``ReplicaDriver.load``): running, waiting, KV usage."""

@@ -302,7 +302,9 @@ class Route:
     pool). The shell sends the pool's engines the pool's name as ``model`` (a LoRA
     adapter's request: the adapter's name). ``load``: the LoRA adapter the replica loads
     before it takes the request (``POST /v1/load_lora_adapter``); a request for an adapter
-    whose load on that replica is still under way waits for it."""
+    whose load on that replica is still under way waits for it. ``priority``: the request
+    ``priority`` the replica's engine gets (vLLM's, lower first; 0: none sent): a batch-class
+    request to a pool whose engines schedule by priority gets ``BATCH``."""
 
     request_id: str
     replica: ReplicaId
@@ -314,6 +316,7 @@ class Route:
     resume: bool = False
     model: str = ""
     load: str = ""
+    priority: int = 0
 
 
 class RejectReason:
@@ -698,7 +701,13 @@ def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911, PLR09
     """The command as a JSON-ready dict: the decision log's line."""
     match command:
         case Route(
-            request_id=rid, replica=replica, retry=retry, resume=resume, model=model, load=load
+            request_id=rid,
+            replica=replica,
+            retry=retry,
+            resume=resume,
+            model=model,
+            load=load,
+            priority=priority,
         ):
             line: dict[str, Any] = {"do": "route", "id": rid, "replica": replica, "retry": retry}
             if resume:  # absent: not a resume (and recordings made before resumes)
@@ -707,6 +716,8 @@ def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911, PLR09
                 line["model"] = model
             if load:  # absent: no adapter to load first
                 line["load"] = load
+            if priority:  # absent: none sent to the engine
+                line["priority"] = priority
             return line
         case Reject(request_id=rid, reason=reason, budget=budget, model=model):
             line = {"do": "reject", "id": rid, "reason": reason, "budget": budget}

@@ -125,6 +125,7 @@ class _Request:
         "arrived_at",
         "batch",
         "candidates",
+        "engine_priority",
         "hold_until",
         "loaded",
         "phase",
@@ -167,6 +168,8 @@ class _Request:
         """The replicas whose attempts failed (made at the first failure)."""
         self.loaded = False
         """Its attempt in flight loads its LoRA adapter first (its Route's ``load``)."""
+        self.engine_priority = 0
+        """The request priority its engines get (its Routes' ``priority``)."""
 
 
 @dataclass(slots=True)
@@ -608,6 +611,7 @@ class PoolController:
             return
         if admission is None:
             req = _Request(request, None, now, event.resumable, event.recallable)
+            req.engine_priority = self._engine_priority(event.priority)
             self._requests[request.request_id] = req
             self.in_flight += 1
             self._route(now, req, out)
@@ -623,6 +627,7 @@ class PoolController:
             now,
         )
         req = _Request(request, ticket, now, event.resumable, event.recallable)
+        req.engine_priority = self._engine_priority(event.priority)
         self._requests[request.request_id] = req
         self._enter(now, req, ticket, out)
 
@@ -665,6 +670,7 @@ class PoolController:
             rid, request.tenant or ANONYMOUS, BATCH, event.weight, request.prompt_tokens, None, now
         )
         req = _Request(request, ticket, now, event.resumable, event.recallable)
+        req.engine_priority = self._engine_priority(BATCH)
         req.phase = _GATED
         wait = spare.config.max_wait
         req.hold_until = event.deadline if event.deadline is not None else now + wait
@@ -698,6 +704,12 @@ class PoolController:
         if first is not None and (due is None or first < due):
             due = first
         self._gate_at = due
+
+    def _engine_priority(self, priority: int) -> int:
+        """The request priority a request of class ``priority`` gets at this pool's engines:
+        a batch-class one ``BATCH`` (after interactive work, 0) where they schedule by
+        priority; none elsewhere (vLLM refuses a priority under its default fcfs policy)."""
+        return BATCH if priority >= BATCH and self.settings.by_priority else 0
 
     def _regate(self, now: float, req: _Request, out: list[Command]) -> None:
         """A recalled line's attempt ended: it waits at the gate again (at the back; until
@@ -820,7 +832,17 @@ class PoolController:
         load = self._start(now, req, replica, out, retry=False)
         rid = req.request.request_id
         out.append(
-            Route(rid, replica, False, ranking.policy, ranking.panic, matched, held, load=load)
+            Route(
+                rid,
+                replica,
+                False,
+                ranking.policy,
+                ranking.panic,
+                matched,
+                held,
+                load=load,
+                priority=req.engine_priority,
+            )
         )
 
     def _adapter_candidates(
@@ -1002,7 +1024,9 @@ class PoolController:
         if free:
             self.counters.free_retries += 1
         load = self._start(now, req, replica, out, retry=not free)
-        out.append(Route(req.request.request_id, replica, True, "", panic, 0, load=load))
+        rid = req.request.request_id
+        priority = req.engine_priority
+        out.append(Route(rid, replica, True, "", panic, 0, load=load, priority=priority))
 
     def _next_candidate(
         self, now: float, req: _Request, tried: list[ReplicaId]
@@ -1062,7 +1086,18 @@ class PoolController:
                 load = self._start(now, req, replica, out, retry=False)
                 rid = req.request.request_id
                 policy, panic = ranking.policy, ranking.panic
-                out.append(Route(rid, replica, False, policy, panic, resume=True, load=load))
+                out.append(
+                    Route(
+                        rid,
+                        replica,
+                        False,
+                        policy,
+                        panic,
+                        resume=True,
+                        load=load,
+                        priority=req.engine_priority,
+                    )
+                )
                 return
         self.counters.broken += 1
         self._finish(req, RejectReason.BROKEN, out)

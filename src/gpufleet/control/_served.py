@@ -214,4 +214,5 @@ def route_in(route: Route, pool: str) -> Route:
         route.resume,
         pool,
         route.load,
+        route.priority,
     )

@@ -53,6 +53,9 @@ class PoolSettings:
     batch_only: bool = False
     """A spot pool that takes only the ``batch`` class as a variant of a served name
     (``capacity: spot`` without ``spot.interactive``)."""
+    by_priority: bool = False
+    """Its engines schedule by request priority (``--scheduling-policy priority``): its
+    Routes of batch-class requests carry ``priority`` (vLLM's: a lower urgency)."""
 
     @classmethod
     def of(
@@ -90,6 +93,7 @@ class PoolSettings:
             abandon_before=(model.spot or SpotConfig()).abandon_before,
             batch_only=(spot := model.spot_settings) is not None and not spot.interactive,
             lora=model.lora,
+            by_priority=model.profile().scheduling_policy == "priority",
         )
 
     @property

@@ -174,11 +174,6 @@ class Gateway:
         )
         """The pools whose engines are scraped: one rule with the simulator's
         (``PoolSettings.scraped``: the router, the admission gauge or the autoscaler reads them)."""
-        self._by_priority = frozenset(
-            m.name for m in config.models if m.profile().scheduling_policy == "priority"
-        )
-        """The pools whose engines schedule by request priority (``--scheduling-policy
-        priority``): batch-class requests reach them with ``priority`` BATCH (lower urgency)."""
         self._models_body = b""
         self._models_count = -1
         """``/v1/models``: the served names (a pool that is only another name's variant is
@@ -471,9 +466,7 @@ class Gateway:
         ended = False
         state = resume
         bodies = {model: body}  # the body each pool's engines get (_body_of)
-        # batch-class requests: the engines that schedule by priority get them with a lower one
-        lower = self._by_priority if priority >= BATCH else frozenset()
-        lowered: dict[str, bytes] = {}  # those bodies, per pool (_lowered)
+        lowered: dict[str, bytes] = {}  # bodies with the Route's engine priority (_lowered)
         adapters = control.adapters
         # a LoRA adapter's request: its pool's engines serve it under the adapter's name
         keep = adapters is not None and adapters.is_adapter(model)
@@ -538,8 +531,8 @@ class Gateway:
                         )
                     else:
                         body_now = _body_of(bodies, pool)
-                        if pool in lower:
-                            body_now = _lowered(lowered, pool, body_now, priority)
+                        if decision.priority:  # the controller's: a batch line, a priority pool
+                            body_now = _lowered(lowered, pool, body_now, decision.priority)
                         status, outcome, broke = await self._attempt(
                             UpstreamRequest(url, path, body_now, sent),
                             stream,

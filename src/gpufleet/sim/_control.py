@@ -49,7 +49,6 @@ from typing import Final
 
 from gpufleet.catalog import get_gpu, get_model
 from gpufleet.control import (
-    BATCH,
     Abandon,
     Arrived,
     AttemptFailed,
@@ -268,9 +267,6 @@ class SimControl:
         """Tenants whose requests ask for whole answers, not streams (a batch job's lines,
         as the runner sends them): one lost mid-way is sent again from the start."""
         self._whole_ids: set[int] = set()
-        self._lower: set[int] = set()
-        """Requests of the batch class: engines with the priority policy get them with
-        ``priority`` BATCH (the gateway's rule, ``gateway/_app.py``)."""
         self.blackout: set[int] = set()
         """Replicas whose scrapes do not update (a metric blackout)."""
         self.hung: set[int] = set()
@@ -516,8 +512,8 @@ class SimControl:
                     self.adapters is not None and self._loading(now, command)
                 ):
                     pass  # it reaches its engine once the adapter is loaded there
-                case Route(request_id=rid, replica=replica, resume=resume):
-                    events += self._submit(now, int(rid), replica, resume)
+                case Route(request_id=rid, replica=replica, resume=resume, priority=priority):
+                    events += self._submit(now, int(rid), replica, resume, priority)
                 case UnloadAdapter(replica=replica, adapter=adapter) if self.adapters is not None:
                     self.adapters.unload(replica, adapter)
                 case Reject(request_id=rid, reason=reason, model=pool):
@@ -708,8 +704,6 @@ class SimControl:
         whole = tenant is not None and tenant in self._whole
         if whole:
             self._whole_ids.add(index)
-        if priority >= BATCH:
-            self._lower.add(index)
         arrived = Arrived(routed, priority, weight, deadline, resumable=not whole, recallable=whole)
         return self._tell(now, arrived)
 
@@ -735,8 +729,9 @@ class SimControl:
             kernel.schedule(kernel.shared_floor(), URGENT, Dispatch(self, commands))
 
     def _submit(
-        self, now: float, index: int, replica: ReplicaId, resume: bool = False
+        self, now: float, index: int, replica: ReplicaId, resume: bool = False, priority: int = 0
     ) -> list[ScheduledEvent]:
+        """Carry out a Route of request ``index`` (``priority``: what its engine gets)."""
         harness = self._harness
         assert harness is not None
         entry = self.replicas.by_id[replica]
@@ -753,11 +748,6 @@ class SimControl:
         if k in self.erroring:  # a 5xx before any byte: the request stays where it was
             self.refused_attempts += 1
             return self._tell(now, AttemptFailed(entry.model, str(index), Outcome.REPLICA_ERROR))
-        # a batch-class request reaches an engine that schedules by priority with a lower
-        # one (a higher value), as the gateway sends it (docs/batch.md)
-        priority = 0
-        if index in self._lower and harness.drivers[k].config.scheduling_policy == "priority":
-            priority = BATCH
         pending = self._pending.pop(index, None)
         if pending is not None:  # its first attempt
             request = pending.request

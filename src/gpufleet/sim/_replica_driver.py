@@ -54,7 +54,6 @@ from gpufleet.engine.model import (
     DecodeRun,
     KvCacheEvent,
     NewRequest,
-    ReplicaConfig,
     ReplicaModel,
     RunAhead,
     StepPlan,
@@ -320,11 +319,6 @@ class ReplicaDriver:
         """Seconds down up to ``now`` (a replica still down counts until ``now``)."""
         since = self._down_since
         return self.downtime_s + (0.0 if since is None else max(0.0, now - since))
-
-    @property
-    def config(self) -> ReplicaConfig:
-        """The replica model's settings (read without catching a pending run up)."""
-        return self._model.config
 
     @property
     def model(self) -> ReplicaModel:
