@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/spot_nightly_batch.py                  # the bar: 24 h, 200,000 lines
     .venv/bin/python bench/spot_nightly_batch.py --hours 4 --lines 20000   # a quick look
+    .venv/bin/python bench/spot_nightly_batch.py --short 1,3 --preemptions 0.5
+        # no spot GPU to be had from 01:00 to 03:00: a third run with `spot.fallback:
+        # on_demand` beside the default (`wait`)
 
 Issue 17's bar, simulated (docs/spot.md):
 
@@ -40,6 +43,7 @@ from gpufleet.sim import (
     FleetSimulation,
     SimOptions,
     SpotFault,
+    SpotOutageFault,
     load_trace,
     synth_requests,
 )
@@ -53,7 +57,7 @@ INTERACTIVE = "llama-3.1-70b"
 BATCH = "llama-3.1-70b-batch"
 
 
-def fleet_of(capacity: str, batch_replicas: int) -> Any:
+def fleet_of(capacity: str, batch_replicas: int, fallback: str = "wait") -> Any:
     """The autoscaling example's fleet plus the batch pool (``capacity``)."""
     day = load_fleet(ROOT / "examples" / "diurnal-autoscale.yaml").model_dump(
         mode="json", exclude_unset=True
@@ -69,6 +73,7 @@ def fleet_of(capacity: str, batch_replicas: int) -> Any:
         "routing": "least_request",
         "startup": interactive["startup"],
         "capacity": capacity,
+        **({"spot": {"fallback": fallback}} if capacity == "spot" else {}),
         # the pool exists for the job: up for it, down to zero after it (no prewarm)
         "autoscale": {"min_replicas": 0, "scale_to_zero": True, "max_replicas": batch_replicas,
                       "target_utilisation": 0.5, "scale_down_cooldown": 300},
@@ -77,30 +82,36 @@ def fleet_of(capacity: str, batch_replicas: int) -> Any:
     return parse_fleet(day, source=f"{capacity} fleet")
 
 
-def run(capacity: str, args: argparse.Namespace) -> dict[str, Any]:
+def run(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    capacity, _, fallback = name.partition("+")
     sizes = [(r.input_tokens, r.output_tokens) for r in load_trace(AZURE)]
     curve = DiurnalCurve(peak_rps=args.peak_rps, hours=args.hours)
     trace = synth_requests(curve, sizes, seed=args.seed)
     job = BatchJob(args.lines, at=0.0, model=BATCH, window_s=args.window * 3600.0)
     spot = SpotFault(per_gpu_hour=args.preemptions, notice_s=args.notice, startup_s=420.0)
+    faults: list[Any] = [spot]
+    if args.short:
+        start, end = (float(h) * 3600.0 for h in args.short.split(","))
+        faults.append(SpotOutageFault.model_validate({"from": start, "to": end}))
     options = SimOptions(
         seed=0,
         sample_interval=60.0,
         ttft_slo_s=TTFT_SLO_S,
         tpot_slo_s=TPOT_SLO_S,
-        faults=(spot,),
+        faults=tuple(faults),
         batch=job,
     )
-    sim = FleetSimulation(fleet_of(capacity, args.batch_replicas), options)
+    fleet = fleet_of(capacity, args.batch_replicas, fallback or "wait")
+    sim = FleetSimulation(fleet, options)
     sim.start(trace)
     wall = time.perf_counter()
     sim.run()
     wall = time.perf_counter() - wall
     problems = sim.check()
     if problems:
-        raise RuntimeError(f"{capacity}: {problems}")
+        raise RuntimeError(f"{name}: {problems}")
     report = sim.report({"hours": args.hours, "peak_rps": args.peak_rps, "seed": args.seed})
-    return {"name": capacity, "wall_s": round(wall, 1), "report": report}
+    return {"name": name, "wall_s": round(wall, 1), "report": report}
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +127,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "interactive_slo_attainment": interactive["slo"]["attainment"],
         "interactive_ttft_p99_s": interactive["ttft_s"]["p99"],
         "preemptions": report["faults"]["preemptions"],
+        "on_demand_stand_ins": report["faults"]["on_demand_stand_ins"],
         "batch_lines_retried": report["faults"]["free_retries"],
         "gpu_hours": {name: pools[name]["gpu_hours"] for name in (INTERACTIVE, BATCH)},
         "usd": {name: pools[name]["usd"] for name in (INTERACTIVE, BATCH)},
@@ -125,7 +137,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def plot(runs: list[dict[str, Any]]) -> None:
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
     import matplotlib  # noqa: PLC0415 - only when drawing
 
     matplotlib.use("Agg")
@@ -147,7 +159,7 @@ def plot(runs: list[dict[str, Any]]) -> None:
         ax.set_title(f"batch pool {run['name']}: replicas serving (dotted: the batch's end)")
         ax.legend(loc="upper right", fontsize="small")
     axes[-1].set_xlabel("hour of the day")
-    fig.savefig(PLOT, dpi=110, metadata={"Software": None})
+    fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
 
@@ -161,9 +173,11 @@ def main() -> None:
     parser.add_argument("--batch-replicas", type=int, default=6)
     parser.add_argument("--preemptions", type=float, default=0.05, help="per GPU-hour")
     parser.add_argument("--notice", type=float, default=60.0, help="seconds")
+    parser.add_argument("--short", default="", help="FROM,TO hours: no spot GPU to be had")
     args = parser.parse_args()
+    names = ["spot", "spot+on_demand", "on_demand"] if args.short else ["spot", "on_demand"]
     with ProcessPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(run, capacity, args) for capacity in ("spot", "on_demand")]
+        futures = [pool.submit(run, name, args) for name in names]
         runs = [f.result() for f in futures]
     rows = {run["name"]: summary(run["report"]) for run in runs}
     table = Table(
@@ -179,6 +193,7 @@ def main() -> None:
         "batch took (h)": lambda r: f"{(r['batch']['took_s'] or 0) / 3600:.2f}",
         "within window": lambda r: "yes" if r["batch"]["within_window"] else "NO",
         "preemptions": lambda r: f"{r['preemptions']}",
+        "on-demand stand-ins": lambda r: f"{r['on_demand_stand_ins']}",
         "lines sent again": lambda r: f"{r['batch_lines_retried']:,}",
         "interactive SLO attainment": lambda r: f"{r['interactive_slo_attainment']:.2%}",
         "interactive TTFT p99 (ms)": lambda r: f"{r['interactive_ttft_p99_s'] * 1000:,.0f}",
@@ -193,15 +208,18 @@ def main() -> None:
     Console().print(table)
     spot, od = rows["spot"], rows["on_demand"]
     saving = 1 - spot["usd"][BATCH] / od["usd"][BATCH] if od["usd"][BATCH] else None
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(
+    result, figure = RESULT, PLOT
+    if args.short:  # a shortage scenario: kept beside the bar's results
+        result, figure = (p.with_stem(p.stem + "_short") for p in (RESULT, PLOT))
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_text(
         json.dumps(
             {
                 "command": "bench/spot_nightly_batch.py "
                 f"--hours {args.hours:g} --peak-rps {args.peak_rps:g} --seed {args.seed} "
                 f"--lines {args.lines} --window {args.window:g} "
                 f"--batch-replicas {args.batch_replicas} --preemptions {args.preemptions:g} "
-                f"--notice {args.notice:g}",
+                f"--notice {args.notice:g}" + (f" --short {args.short}" if args.short else ""),
                 "slo": {"ttft_ms": TTFT_SLO_S * 1000, "tpot_ms": TPOT_SLO_S * 1000},
                 "runs": rows,
                 "batch_cost_saving_on_spot": None if saving is None else round(saving, 4),
@@ -211,8 +229,8 @@ def main() -> None:
         )
         + "\n"
     )
-    plot(runs)
-    print(f"wrote {RESULT.relative_to(ROOT)} and {PLOT.relative_to(ROOT)}")
+    plot(runs, figure)
+    print(f"wrote {result.relative_to(ROOT)} and {figure.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

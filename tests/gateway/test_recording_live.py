@@ -32,7 +32,12 @@ from tests.gateway.live import LiveFleet, fleet_file, live_fleet
 MODEL = "llama-3.1-8b"
 ENGINE = ["--time-scale", "1", "--max-num-seqs", "4", "--max-model-len", "2048", "--enable-admin"]
 FLEET = {
-    "gateway": {"autoscaler": {"interval": 0.25}, "scrape_interval": 0.1},
+    # the batch gate's TTFT guard on: each Finished carries the request's TTFT
+    "gateway": {
+        "autoscaler": {"interval": 0.25},
+        "scrape_interval": 0.1,
+        "batch": {"spare": {"ttft_margin": 0.1, "ttft_samples": 5}},
+    },
     "tenants": {
         "auth": True,
         "refresh_interval": 0.5,
@@ -149,6 +154,10 @@ async def test_a_live_run_replays_to_the_decisions_it_made(tmp_path: Path) -> No
         for r in line["event"]["replicas"] if r[2] is not None
     }  # fmt: skip
     assert len(incarnations) > len({name for name, _ in incarnations})
+    # the TTFT of each answered request, measured live, recorded with its end
+    timed = [line["event"] for line in lines if line["event"]["kind"] == "finished"]
+    assert sum(e.get("ttft") is not None for e in timed) >= outcomes["ok"] * 0.9
+    assert all(0 < e["ttft"] < 60 for e in timed if "ttft" in e)
     # the scale-up
     scales = [c for line in lines for c in line["commands"] if c["do"] == "scale"]
     assert any(c["direction"] == "up" for c in scales)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gpufleet.cli import app
 from gpufleet.config import FleetConfig, load_fleet, parse_fleet
-from gpufleet.control import read_recording, replay
+from gpufleet.control import Finished, read_recording, replay
 from gpufleet.engine.model import NewRequest
 from gpufleet.fleet import prompt_text
 from gpufleet.sim import FleetSimulation, SimOptions, parse_fault
@@ -226,6 +226,54 @@ def test_recalled_lines_give_interactive_its_slots_and_still_all_finish() -> Non
     head, lines = read_recording(io.StringIO(recorded.getvalue()))
     replayed = list(replay(head, lines))
     assert sum(c["do"] == "recall" for line, _ in replayed for c in line.commands) > 20
+    for line, commands in replayed:
+        assert commands == line.commands, line
+
+
+def test_the_ttft_guard_holds_the_interactive_tail_near_its_margin() -> None:
+    """``spare.ttft_margin: 0.1``: the gate measures interactive TTFT without batch lines
+    (its baseline), judges the requests beside them, cuts its limit when their P99 is over
+    the margin and grows one step per verdict within it. The interactive tail ends far
+    nearer the run without the batch than recall alone holds it; every line still ends
+    once; the recorded run (its requests' TTFTs in ``Finished``) replays to the same
+    decisions."""
+    args = ["--max-num-seqs", "16"]
+
+    def run(spare: dict[str, Any], lines: int) -> FleetSimulation:
+        config = parse_fleet(
+            {
+                "models": [{"name": POOL, "replicas": 2, "routing": "least_request", "args": args}],
+                "gateway": {"batch": {"spare": {"target": 0.95, **spare}}},
+            },
+            source="test",
+        )
+        job = BatchJob(lines=lines, at=0.0, model=POOL, window_s=3600.0) if lines else None
+        sim = FleetSimulation(config, SimOptions(seed=1, batch=job))
+        if spare:
+            sim.control.record(recorded)
+        sim.start(requests(1200, rate=10.0))
+        sim.run()
+        assert sim.check() == []
+        return sim
+
+    recorded = io.StringIO()
+    alone = run({}, 0)
+    ttfts = sorted(
+        r.first_token_s - r.arrival_s for r in alone.harness.recorder.log if r.first_token_s
+    )
+    base = ttfts[int(0.99 * (len(ttfts) - 1))]
+    recalling = _ttft_p99(run({}, 1500)) / base
+    guarded_sim = run({"ttft_margin": 0.1}, 1500)
+    guarded = _ttft_p99(guarded_sim) / base
+    assert recalling > 1.6  # recall alone: ~2.05 in this run
+    assert guarded < 0.75 * recalling  # ~1.34
+    batch = guarded_sim.report({})["batch"]
+    assert (batch["completed"], batch["failed"]) == (1500, 0)
+    assert guarded_sim.control.times_first_tokens
+    head, lines = read_recording(io.StringIO(recorded.getvalue()))
+    replayed = list(replay(head, lines))
+    timed = [e for line, _ in replayed if isinstance(e := line.event, Finished) and e.ttft]
+    assert len(timed) > 1000
     for line, commands in replayed:
         assert commands == line.commands, line
 

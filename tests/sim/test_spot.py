@@ -4,11 +4,13 @@ the deadline and resumed or retried elsewhere), replacements, and the cost split
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 
 from gpufleet.config import FleetConfig, parse_fleet
+from gpufleet.control import read_recording, replay
 from gpufleet.sim import FleetSimulation, SimOptions, parse_fault
 from tests.sim.test_faults import requests
 
@@ -150,3 +152,126 @@ def test_replicas_an_autoscaler_adds_to_a_spot_pool_are_preempted_too() -> None:
     assert len(sim.replica_ids) > 1  # it scaled out
     assert any(replica >= 1 for replica, _, _ in sim.faults.notices)  # an added one
     assert sim.report({})["overall"]["failed"] == 0
+
+
+def fallback_fleet(fallback: str) -> FleetConfig:
+    models = [
+        {"name": POOL, "replicas": 4, "routing": "least_request", "capacity": "spot",
+         "spot": {"fallback": fallback}},
+        {"name": "on-demand", "model": POOL, "replicas": 1},
+    ]  # fmt: skip
+    return parse_fleet({"models": models}, source="test")
+
+
+def outage_run(fallback: str, seed: int = 1) -> FleetSimulation:
+    """Preemptions through a 150 s trace, and no spot GPU to be had from 20 s to 100 s."""
+    faults = (parse_fault(SPOT), parse_fault({"spot_outage": {"from": 20, "to": 100}}))
+    sim = FleetSimulation(fallback_fleet(fallback), SimOptions(seed=seed, faults=faults))
+    sim.control.record(recorded := io.StringIO())
+    sim.start(requests(1500, rate=10.0, seed=seed))
+    sim.run()
+    assert sim.check() == []
+    sim.recorded = recorded  # type: ignore[attr-defined]
+    return sim
+
+
+def test_in_a_spot_outage_reclaimed_replicas_stand_in_on_demand_and_move_back() -> None:
+    """``spot.fallback: on_demand``: a replica reclaimed while spot GPUs are short gets an
+    on-demand node at once; when they are back it moves to a spot node. The stand-in's
+    hours are billed at the on-demand price, and no request is lost."""
+    sim = outage_run("on_demand")
+    report = sim.report({})
+    faults, cost = report["faults"], report["cost"]["models"][POOL]
+    assert faults["on_demand_stand_ins"] >= 1
+    assert faults["moved_to_spot"] == faults["on_demand_stand_ins"]
+    assert faults["requests_failed"] == 0
+    split = cost["by_capacity"]
+    assert split["on_demand"]["gpu_hours"] > 0
+    assert split["spot"]["gpu_hours"] > 0
+    od_price = report["cost"]["models"]["on-demand"]["usd_per_gpu_hour"]
+    assert split["on_demand"]["usd"] == pytest.approx(
+        split["on_demand"]["gpu_hours"] * od_price, abs=0.01
+    )
+    assert cost["usd"] == pytest.approx(split["spot"]["usd"] + split["on_demand"]["usd"])
+    assert (
+        report["cost"]["by_capacity"]["on_demand"]["gpu_hours"]
+        > (report["cost"]["models"]["on-demand"]["gpu_hours"])
+    )
+    # the stand-ins are the controller's decision: the recorded run replays to it
+    head, lines = read_recording(io.StringIO(sim.recorded.getvalue()))  # type: ignore[attr-defined]
+    replayed = list(replay(head, lines))
+    dos = [c for line, _ in replayed for c in line.commands if c["do"] == "replace"]
+    assert {c["capacity"] for c in dos} == {"spot", "on_demand"}
+    for line, commands in replayed:
+        assert commands == line.commands, line
+
+
+def test_in_a_spot_outage_reclaimed_replicas_wait_for_spot_by_default() -> None:
+    """``spot.fallback: wait``: a replica reclaimed in the outage has no node until it
+    ends (not billed meanwhile); the pool serves with the others, and loses nothing."""
+    waiting, standing = outage_run("wait"), outage_run("on_demand")
+    report = waiting.report({})
+    assert report["faults"]["on_demand_stand_ins"] == 0
+    assert report["faults"]["requests_failed"] == 0
+    assert report["cost"]["models"][POOL]["by_capacity"].keys() == {"spot"}
+    down = {r["id"]: r["downtime_s"] for r in report["replicas"] if r["model"] == POOL}
+    stood = {r["id"]: r["downtime_s"] for r in standing.report({})["replicas"]}
+    assert sum(down.values()) > sum(stood[r] for r in down) + 30  # it waited out the outage
+    spot_hours = report["cost"]["models"][POOL]["gpu_hours"]
+    assert spot_hours < standing.report({})["cost"]["models"][POOL]["gpu_hours"]
+
+
+def test_spot_gpus_run_short_after_reclaims_when_unavailable_s_says_so() -> None:
+    spec = SPOT + ",unavailable_s=60"
+    sim = run(fallback_fleet("on_demand"), spec)
+    faults = sim.report({})["faults"]
+    assert faults["preemptions"] >= 3
+    assert faults["on_demand_stand_ins"] == faults["preemptions"]  # each reclaim finds none
+    assert faults["requests_failed"] == 0
+
+
+def test_a_bad_spot_outage_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match="must be after"):
+        parse_fault({"spot_outage": {"from": 50, "to": 10}})
+    outage = parse_fault({"spot_outage": {"model": "on-demand", "from": 1}})
+    sim = FleetSimulation(fallback_fleet("wait"), SimOptions(faults=(outage,)))
+    with pytest.raises(ValueError, match="not a spot pool"):
+        sim.start(requests(10, rate=10.0))
+
+
+@pytest.mark.parametrize("fallback", ["wait", "on_demand"])
+def test_an_autoscaler_short_of_spot_gpus_waits_or_buys_on_demand(fallback: str) -> None:
+    """An autoscaled spot pool that must scale out while no spot GPU can be had: with
+    ``wait`` its starts wait for the outage's end; with ``on_demand`` it adds on-demand
+    replicas (billed so, never reclaimed)."""
+    pool = {"name": POOL, "replicas": 1, "routing": "least_request", "capacity": "spot",
+            "spot": {"fallback": fallback},
+            "args": ["--max-num-seqs", "8"], "startup": {"provision": 0, "load": 5},
+            "autoscale": {"min_replicas": 1, "max_replicas": 4, "scale_to_zero": True,
+                          "stable_window": 10, "panic_window": 2}}  # fmt: skip
+    config = parse_fleet({"models": [pool]}, source="test")
+    faults = (
+        parse_fault("spot:per_gpu_hour=20,notice_s=5,startup_s=5"),
+        parse_fault({"spot_outage": {"from": 0, "to": 60}}),
+    )
+    sim = FleetSimulation(config, SimOptions(seed=1, faults=faults))
+    sim.start(requests(1500, rate=15.0))
+    sim.run()
+    assert sim.check() == []
+    report = sim.report({})
+    scaling, cost = report["autoscale"][POOL], report["cost"]["models"][POOL]["by_capacity"]
+    joined = [i for i in sim.autoscaling.instances if i.via == "cold" and i.serving_at]
+    assert joined  # it scaled out
+    if fallback == "wait":
+        assert scaling["held_starts"] > 0
+        assert all(i.provisioned_at >= 60 for i in joined)  # none bought in the outage
+        assert cost.keys() == {"spot"}
+    else:
+        assert scaling["held_starts"] == 0
+        bought = [i for i in joined if i.provisioned_at < 60]
+        assert bought
+        assert all(i.id in sim.autoscaling.stand_ins for i in bought)
+        assert cost["on_demand"]["gpu_hours"] > 0
+        stood = {sim.replica_ids.index(i.id) for i in bought}
+        assert not stood & {replica for replica, _, _ in sim.faults.notices}
+    assert report["overall"]["failed"] == 0

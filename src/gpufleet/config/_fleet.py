@@ -127,6 +127,16 @@ class Capacity(StrEnum):
     """Cheaper, and the provider may take it back after a short notice (a preemption)."""
 
 
+class SpotFallback(StrEnum):
+    """What replaces a reclaimed spot replica when the provider has no spot GPUs left."""
+
+    WAIT = "wait"
+    """Nothing until spot GPUs are back: the pool serves with fewer replicas meanwhile."""
+    ON_DEMAND = "on_demand"
+    """An on-demand replica stands in, at the on-demand price, until spot GPUs are back;
+    then a spot replica takes its place."""
+
+
 class SpotConfig(_Strict):
     """A spot pool's price, and what the controller does with a preemption notice
     (docs/spot.md)."""
@@ -143,6 +153,9 @@ class SpotConfig(_Strict):
     """Whether interactive requests may go to this pool when it is a variant of a served
     name: by default a served name sends its ``batch`` class to its spot variants and its
     other classes to the others (a pool named directly takes whatever it is sent)."""
+    fallback: SpotFallback = SpotFallback.WAIT
+    """A reclaimed replica's replacement when no spot GPU is to be had: ``wait`` for one,
+    or stand in with ``on_demand`` capacity until spot is back (docs/spot.md)."""
 
 
 def _existing_file(path: str) -> str:
@@ -320,10 +333,15 @@ class ModelConfig(_Strict):
             return None
         return self.spot or SpotConfig()
 
+    def on_demand_price(self) -> float:
+        """What one of this pool's GPUs costs an hour on demand (the catalog's price): a
+        spot pool's stand-ins pay it (``spot.fallback: on_demand``)."""
+        return get_gpu(self.gpu).price_per_hour_usd
+
     def usd_per_gpu_hour(self) -> float:
         """What one of this pool's GPUs costs an hour: the catalog's on-demand price, or a
         spot pool's own (``spot.usd_per_gpu_hour``; default: less ``SPOT_DISCOUNT``)."""
-        price = get_gpu(self.gpu).price_per_hour_usd
+        price = self.on_demand_price()
         spot = self.spot_settings
         if spot is None:
             return price

@@ -21,6 +21,10 @@ Residency (:class:`ResidencyControl`, docs/residency.md) is decided above the po
 slot may be shared by several pools' replicas; its commands are :class:`Sleep` and
 :class:`Wake`, and the shells report an engine's new state with :class:`Resident`.
 
+Spot capacity is the pool controller's: a replica the provider took (:class:`Reclaimed`)
+gets a node of spot or on-demand GPUs (:class:`Replace`), as the pool's ``spot.fallback``
+and the market (:class:`SpotMarket`) say (docs/spot.md).
+
 Served names are the controller's too: an ``Arrived`` names what the client sent, and the
 :class:`FleetController` chooses the variant (pool) and the fallbacks (a :class:`Fallback`
 command), so a weighted split or a fallback is decided once, live and simulated alike.
@@ -78,6 +82,8 @@ from gpufleet.control._residency_events import Resident, Sleep, Wake
 from gpufleet.control._rollouts import Rollouts
 from gpufleet.control._served import ServedModel
 from gpufleet.control._settings import PoolSettings
+from gpufleet.control._spot import NO_BUY
+from gpufleet.control._spot_events import Reclaimed, Replace, SpotMarket
 
 # The controller's vocabulary (see above): policy values the shells pass around.
 from gpufleet.policy import (
@@ -109,6 +115,7 @@ __all__ = [
     "ANONYMOUS",
     "BATCH",
     "CLASSES",
+    "NO_BUY",
     "Abandon",
     "AdapterAdded",
     "AdapterConfig",
@@ -137,10 +144,12 @@ __all__ = [
     "ProbeAnswered",
     "QueueReport",
     "Recall",
+    "Reclaimed",
     "Recorded",
     "Redundancy",
     "Reject",
     "RejectReason",
+    "Replace",
     "ReplicaSeen",
     "Replicas",
     "Residency",
@@ -167,6 +176,7 @@ __all__ = [
     "Sleep",
     "SpareConfig",
     "SpareDecision",
+    "SpotMarket",
     "Standby",
     "Standbys",
     "Tick",

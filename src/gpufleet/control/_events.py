@@ -16,12 +16,14 @@ controller, and its decisions compared line by line::
               Resident                        (an engine fell asleep or woke: residency)
               KvEvents                     (an engine's KV-cache events: docs/kv-events.md)
               Preempting                (a spot replica's preemption notice: docs/spot.md)
+              Reclaimed · SpotMarket       (a replica's GPUs taken; spot GPUs to be had)
     controller ──► Route · Reject · Fallback · Probe · Ejected · Scale  (what the shell does)
                    RolloutStep                             (a rollout's decision)
                    Sleep · Wake                           (residency: _residency_events.py)
                    KvResync                    (ask an engine's replay socket for a gap)
                    Abandon          (end the attempts on a replica that failed its checks)
                    Recall         (stop a batch line's attempt: its slot goes to interactive)
+                   Replace              (a node of spot or on-demand GPUs for a replica)
 
 A request's events name its *served* name (``Arrived``: what the client sent as ``model``)
 or its pool; the controller knows which pool a request is in (a variant, a fallback), and a
@@ -42,6 +44,16 @@ from gpufleet.control._residency_events import (
     resident_to_json,
     sleep_to_json,
     wake_to_json,
+)
+from gpufleet.control._spot_events import (
+    Reclaimed,
+    Replace,
+    SpotMarket,
+    reclaimed_from_json,
+    reclaimed_to_json,
+    replace_to_json,
+    spot_market_from_json,
+    spot_market_to_json,
 )
 from gpufleet.fleet import (
     KvBatch,
@@ -162,12 +174,15 @@ class AttemptFailed:
 @dataclass(slots=True)  # made per request: not frozen (above)
 class Finished:
     """The request's attempt ended without a replica failure (answered, 4xx, or the client
-    left mid-answer: ``CANCELLED``). ``work`` = (uncached prompt, output tokens) if known."""
+    left mid-answer: ``CANCELLED``). ``work`` = (uncached prompt, output tokens) if known.
+    ``ttft``: seconds from its arrival to its first byte, told where the controller reads
+    it (``FleetController.times_first_tokens``: the batch gate's TTFT guard)."""
 
     model: str
     request_id: str
     outcome: Outcome = Outcome.SUCCESS
     work: tuple[int, int] | None = None
+    ttft: float | None = None
 
 
 @dataclass(slots=True)  # made per request: not frozen (above)
@@ -284,6 +299,8 @@ Event = (
     | KvEvents
     | Preempting
     | AdapterAdded
+    | Reclaimed
+    | SpotMarket
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -392,6 +409,11 @@ class Scale:
 
     decision: ScaleDecision
     view: PoolView
+    buy: str = ""
+    """What its new replicas (cold and prewarm starts) are bought as: ``""`` the pool's
+    capacity; ``on_demand`` in a spot pool short of spot GPUs (``spot.fallback:
+    on_demand``); ``none``: none can be had now (``fallback: wait``), the starts wait for a
+    later decision (docs/spot.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +487,7 @@ Command = (
     | Abandon
     | Recall
     | UnloadAdapter
+    | Replace
 )
 
 # -- JSON -------------------------------------------------------------------------------------
@@ -521,14 +544,17 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
                 "outcome": outcome.value,
                 "streamed": streamed,
             }
-        case Finished(model=model, request_id=rid, outcome=outcome, work=work):
-            return {
+        case Finished(model=model, request_id=rid, outcome=outcome, work=work, ttft=ttft):
+            line = {
                 "kind": "finished",
                 "model": model,
                 "id": rid,
                 "outcome": outcome.value,
                 "work": None if work is None else list(work),
             }
+            if ttft is not None:  # absent: not timed (and recordings made before)
+                line["ttft"] = ttft
+            return line
         case ClientGone(model=model, request_id=rid):
             return {"kind": "gone", "model": model, "id": rid}
         case Tick():
@@ -554,6 +580,10 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
             return _kv_events_json(event)
         case Preempting(model=model, replica=replica, at=at):
             return {"kind": "preempting", "model": model, "replica": replica, "at": at}
+        case Reclaimed():
+            return reclaimed_to_json(event)
+        case SpotMarket():
+            return spot_market_to_json(event)
         case AdapterAdded(model=model, name=name, path=path, rank=rank):
             return {
                 "kind": "adapter_added",
@@ -656,8 +686,13 @@ def _rollout_start(d: dict[str, Any]) -> RolloutStart:
 
 def _finished(d: dict[str, Any]) -> Finished:
     work = d["work"]
+    ttft = d.get("ttft")
     return Finished(
-        d["model"], d["id"], Outcome(d["outcome"]), None if work is None else (work[0], work[1])
+        d["model"],
+        d["id"],
+        Outcome(d["outcome"]),
+        None if work is None else (work[0], work[1]),
+        None if ttft is None else float(ttft),
     )
 
 
@@ -691,6 +726,8 @@ _EVENT_READERS: Final[dict[str, Callable[[dict[str, Any]], Event]]] = {
     ),
     "kv": _kv_events,
     "preempting": lambda d: Preempting(str(d["model"]), ReplicaId(d["replica"]), float(d["at"])),
+    "reclaimed": reclaimed_from_json,
+    "spot_market": spot_market_from_json,
     "adapter_added": lambda d: AdapterAdded(
         str(d["model"]), str(d["name"]), str(d["path"]), int(d["rank"])
     ),
@@ -746,8 +783,11 @@ def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911, PLR09
                 "ejections": r.ejections,
                 "duration": r.duration,
             }
-        case Scale(decision=decision, view=view):
-            return {"do": "scale", **decision_record(decision, view)}
+        case Scale(decision=decision, view=view, buy=buy):
+            line = {"do": "scale", **decision_record(decision, view)}
+            if buy:  # absent: the pool's own capacity (and recordings made before)
+                line["buy"] = buy
+            return line
         case RolloutStep(decision=decision):
             return {"do": "rollout", **decision.to_json()}
         case Sleep():
@@ -762,4 +802,6 @@ def command_to_json(command: Command) -> dict[str, Any]:  # noqa: PLR0911, PLR09
             return {"do": "recall", "model": model, "replica": replica, "id": rid}
         case UnloadAdapter(model=model, replica=replica, adapter=adapter):
             return {"do": "unload_adapter", "model": model, "replica": replica, "adapter": adapter}
+        case Replace():
+            return replace_to_json(command)
     raise TypeError(f"not a command: {command!r}")

@@ -195,6 +195,12 @@ class FleetController:
         return any(p.admission is not None for p in self.pools.values())
 
     @property
+    def times_first_tokens(self) -> bool:
+        """Whether the shells tell each answered request's TTFT in ``Finished.ttft``: the
+        batch gate reads it (``gateway.batch.spare.ttft_margin`` or ``ttft_p99``)."""
+        return any(p.spare is not None and p.spare.guard is not None for p in self.pools.values())
+
+    @property
     def autoscale(self) -> bool:
         """Whether scaling decisions are made (the fleet file's ``autoscale`` pools, unless
         built with ``autoscale=False``)."""

@@ -34,6 +34,9 @@ A request's life (conserved: every ``Arrived`` ends in exactly one final command
            at − abandon_before ─► Abandon(its attempts) ─► each resumes or retries elsewhere
                                    (free: the replica is going); a new process ends it
 
+    Reclaimed(replica) ─► Replace(replica, spot | on_demand) or wait for spot GPUs
+    SpotMarket(available) ─► Replace(the waiting ones, the stand-ins; spot)  (control/_spot.py)
+
     a batch line (spare.recall): Route ─► an interactive request takes a replica's last slot
            ─► Recall(the newest line there) ─► AttemptFailed ─► waits at the gate again
 """
@@ -75,6 +78,8 @@ from gpufleet.control._events import (
     UnloadAdapter,
 )
 from gpufleet.control._settings import PoolSettings
+from gpufleet.control._spot import SpotCapacity
+from gpufleet.control._spot_events import Reclaimed, SpotMarket
 from gpufleet.fleet import (
     NO_LOAD,
     FleetView,
@@ -124,6 +129,7 @@ class _Request:
     __slots__ = (
         "arrived_at",
         "batch",
+        "beside",
         "candidates",
         "engine_priority",
         "hold_until",
@@ -158,6 +164,8 @@ class _Request:
         self.phase = _QUEUED
         self.batch = False
         """It passed the spare-capacity gate (counted in ``batch_in_flight`` until it ends)."""
+        self.beside = False
+        """An interactive request that arrived while batch lines ran (the TTFT guard)."""
         self.replica: ReplicaId | None = None
         self.candidates: list[ReplicaId] = []
         """Where a retry may go next, best first."""
@@ -230,6 +238,7 @@ class PoolController:
         self.adapters = None if settings.lora is None else PoolAdapters(settings.lora)
         """Its LoRA adapters on its replicas (``None``: it serves none)."""
         self.spare = None if settings.spare is None else SpareCapacity(settings.spare)
+        self._guard = None if self.spare is None else self.spare.guard
         """The gate of the batch class (docs/batch.md, "Spare capacity")."""
         self.batch_in_flight = 0
         """Batch requests let through the gate and not yet ended."""
@@ -249,6 +258,8 @@ class PoolController:
         self.attempts: dict[ReplicaId, int] = {}
         """Attempts in flight per replica: the autoscaler's in-flight count."""
         self.standbys: tuple[Standby, ...] = ()
+        self.spot = SpotCapacity(settings.model, settings.capacity, settings.spot_fallback)
+        """Where its reclaimed replicas go: spot, on-demand, or waiting (docs/spot.md)."""
         self._seen: dict[ReplicaId, ReplicaSeen] = {}
         self._loads: dict[ReplicaId, ReplicaLoad] = {}
         self._views: dict[ReplicaId, ReplicaView] = {}
@@ -299,6 +310,8 @@ class PoolController:
             Tick: self._tick,
             KvEvents: self._kv_events,
             Preempting: self._preempting,
+            Reclaimed: self._reclaimed,
+            SpotMarket: self._spot_market,
         }
         self._on = handlers
 
@@ -319,6 +332,8 @@ class PoolController:
         if req is None:
             return
         if req.phase == _ROUTED:
+            if event.ttft is not None and self._guard is not None and not req.batch:
+                self._guard.observe(now, event.ttft, req.beside)
             decide = self._end_attempt(now, req, event.outcome)
             self._done(now, req, event.work, out)
             if decide:
@@ -386,6 +401,13 @@ class PoolController:
         self._reachable = self._reach()
         self._refresh(now, out)
         self._preempt_due(now, out)
+
+    def _reclaimed(self, now: float, event: Reclaimed, out: list[Command]) -> None:
+        """The provider took the replica's GPUs: a new node, spot or on-demand, or a wait."""
+        out += self.spot.reclaimed(event.replica)
+
+    def _spot_market(self, now: float, event: SpotMarket, out: list[Command]) -> None:
+        out += self.spot.market(event.available)
 
     def _preempt_due(self, now: float, out: list[Command]) -> None:
         """Abandon the attempts on each noticed replica whose time has come; set the next."""
@@ -496,6 +518,7 @@ class PoolController:
                 checked.append(r.id)  # the runtime just saw this process answer /health
         for gone in old.keys() - fresh.keys():
             self._leaving.pop(gone, None)
+            self.spot.forget(gone)
             if self.adapters is not None:
                 self.adapters.forget(gone)
             if self._kv is not None:
@@ -612,6 +635,7 @@ class PoolController:
         if admission is None:
             req = _Request(request, None, now, event.resumable, event.recallable)
             req.engine_priority = self._engine_priority(event.priority)
+            req.beside = self.batch_in_flight > 0
             self._requests[request.request_id] = req
             self.in_flight += 1
             self._route(now, req, out)
@@ -628,6 +652,7 @@ class PoolController:
         )
         req = _Request(request, ticket, now, event.resumable, event.recallable)
         req.engine_priority = self._engine_priority(event.priority)
+        req.beside = self.batch_in_flight > 0
         self._requests[request.request_id] = req
         self._enter(now, req, ticket, out)
 
@@ -1236,4 +1261,4 @@ class PoolController:
         nxt = decision.next_at
         if nxt is not None and now < nxt and (self._scale_wake is None or nxt < self._scale_wake):
             self._scale_wake = nxt
-        out.append(Scale(decision, view))
+        out.append(Scale(decision, view, self.spot.buy()))

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.config import FleetConfig, ModelConfig, RetryConfig, SpotConfig
+from gpufleet.config import (
+    Capacity,
+    FleetConfig,
+    ModelConfig,
+    RetryConfig,
+    SpotConfig,
+    SpotFallback,
+)
 from gpufleet.policy import (
     AdmissionConfig,
     AutoscaleConfig,
@@ -53,6 +60,10 @@ class PoolSettings:
     batch_only: bool = False
     """A spot pool that takes only the ``batch`` class as a variant of a served name
     (``capacity: spot`` without ``spot.interactive``)."""
+    capacity: Capacity = Capacity.ON_DEMAND
+    spot_fallback: SpotFallback = SpotFallback.WAIT
+    """A spot pool's reclaimed replica's capacity when no spot GPU is to be had
+    (``spot.fallback``)."""
     by_priority: bool = False
     """Its engines schedule by request priority (``--scheduling-policy priority``): its
     Routes of batch-class requests carry ``priority`` (vLLM's: a lower urgency)."""
@@ -93,6 +104,8 @@ class PoolSettings:
             abandon_before=(model.spot or SpotConfig()).abandon_before,
             batch_only=(spot := model.spot_settings) is not None and not spot.interactive,
             lora=model.lora,
+            capacity=model.capacity,
+            spot_fallback=(model.spot or SpotConfig()).fallback,
             by_priority=model.profile().scheduling_policy == "priority",
         )
 

@@ -688,14 +688,13 @@ class Gateway:
                             arrived,
                             admitted=admitted,
                             read=read,
+                            request_id=request_id,
                         )
                         return status, outcome, False
                     if admitted is not None:  # usage read on the way, ledgered before the end
                         chunks = metered(admitted, chunks, self._clock)
                     first = await anext(chunks, b"")
-                    self.metrics.child(self.metrics.ttft, model).observe(
-                        ttft := self._clock() - arrived
-                    )
+                    ttft = self._first_byte(model, request_id, arrived)
                     headers = response.headers
                     headers += rid, served
                     await send(
@@ -841,6 +840,7 @@ class Gateway:
         *,
         admitted: Admitted | None = None,
         read: Callable[[], None] | None = None,
+        request_id: str = "",
     ) -> None:
         """A whole answer; ``ours``: the request id's and the serving replica's headers.
         ``read`` is called once the answer is in, before it is sent on: the attempt is over
@@ -850,8 +850,7 @@ class Gateway:
         whole = b"".join([c async for c in response.chunks])
         if read is not None:
             read()
-        ttft = self._clock() - arrived
-        self.metrics.child(self.metrics.ttft, model).observe(ttft)
+        ttft = self._first_byte(model, request_id, arrived)
         if model in self.control.sampled:  # a rollout's analysis reads it
             self.control.sample(model, ttft)
         if admitted is not None:  # ledgered before the client can see the end
@@ -863,6 +862,14 @@ class Gateway:
         headers += ours
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": whole})
+
+    def _first_byte(self, model: str, request_id: str, arrived: float) -> float:
+        """The answer's first byte is here: its TTFT, observed, and told to the controller
+        with the request's end when it reads it (the batch gate's TTFT guard)."""
+        ttft = self._clock() - arrived
+        self.metrics.child(self.metrics.ttft, model).observe(ttft)
+        self.control.first_byte(request_id, ttft)
+        return ttft
 
     async def _broke(
         self,

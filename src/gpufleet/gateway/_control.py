@@ -138,6 +138,10 @@ class LiveControl:
         """Those of them a :class:`Recall` ended (a batch line's slot went to interactive)."""
         self.on_rollout: Callable[[float, RolloutStep], None] | None = None
         """Where RolloutStep commands go (``_rollouts.RolloutShell``)."""
+        self.times_first_tokens = self.control.times_first_tokens
+        """Whether ``Finished`` tells the request's TTFT (the batch gate's guard reads it)."""
+        self.first_bytes: dict[str, float] = {}
+        """Each request's TTFT, from its first byte to its ``Finished`` (when timed)."""
         self.sampled: frozenset[str] = frozenset()
         """The pools a rollout watches: their requests' latencies are sampled."""
         self._samples: dict[str, tuple[list[float], list[float]]] = {}
@@ -455,6 +459,8 @@ class LiveControl:
         """The attempt (on pool ``model``) failed, told to the controller now; await the
         next Route (a retry, a resume, or the first attempt in a fallback's pool, which may
         wait in its queue) or the Reject that ends it."""
+        if self.first_bytes:
+            self.first_bytes.pop(rid, None)  # a later attempt's first byte is the one told
         self.handle(AttemptFailed(model, rid, outcome, streamed), request=True)
         return self._failed(model, rid, outcome)
 
@@ -474,11 +480,22 @@ class LiveControl:
         # abandoned or recalled as its answer came: nothing was left to end
         self.abandoned.discard(rid)
         self.recalled.discard(rid)
-        self.handle(Finished(model, rid, outcome, work), request=True)
+        ttft = self.first_bytes.pop(rid, None) if self.first_bytes else None
+        if outcome is not Outcome.SUCCESS:
+            ttft = None
+        self.handle(Finished(model, rid, outcome, work, ttft), request=True)
+
+    def first_byte(self, rid: str, ttft: float) -> None:
+        """Request ``rid``'s answer began ``ttft`` seconds after it arrived: told with its
+        ``Finished`` when the controller reads it (the batch gate's TTFT guard)."""
+        if self.times_first_tokens:
+            self.first_bytes[rid] = ttft
 
     def gone(self, model: str, rid: str) -> None:
         self.abandoned.discard(rid)  # abandoned before its attempt began, which never will
         self.recalled.discard(rid)
+        if self.first_bytes:
+            self.first_bytes.pop(rid, None)
         self.handle(ClientGone(model, rid), request=True)
 
     def hashes(self, name: str) -> bool | None:

@@ -11,7 +11,9 @@ gate and something changed (a line arrived, a request ended, a scrape, its wake-
 Batch lines are the lowest class: they start only into room the interactive load leaves.
 The rule, a core and three guards (``room`` is what may start now)::
 
-    pressure   any routable replica's scrape shows requests queueing in the engine (more
+    pressure   (the TTFT guard, when configured: interactive TTFT P99 beside batch lines over
+               its margin or bound; policy/_spare_ttft.py)
+               any routable replica's scrape shows requests queueing in the engine (more
                waiting than free slots: waiting > max_num_seqs - running), or KV usage at or
                above kv_threshold; or requests wait at the gateway (admission queue, holds)
     limit      AIMD on the batch lines in flight: + increase × replicas at most once per
@@ -45,6 +47,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.fleet import ReplicaLoad
+from gpufleet.policy._spare_ttft import GUARD_LOOK, GuardSettings, TtftGuard
 
 _EPS: Final = 1e-9
 """Slack for float time: a look at ``grown_at + interval`` must grow the limit (the
@@ -77,6 +80,28 @@ class SpareConfig(BaseModel):
     max_wait: float = Field(60.0, gt=0.0)
     """Seconds a batch line waits for room when its request names no deadline; then it is
     refused (503) and the batch runner offers it again."""
+    ttft_margin: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    """How much batch lines may push interactive TTFT P99 up: the P99 of requests that
+    arrived beside batch lines may exceed that of requests without them by this share
+    (0.1: 10 %); beyond it the gate cuts its limit (``None``: no such guard)."""
+    ttft_p99: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    """A bound in seconds on the TTFT P99 of interactive requests beside batch lines; above
+    it the gate cuts its limit (``None``: none)."""
+    ttft_window: float = Field(60.0, gt=0.0, allow_inf_nan=False)
+    """Seconds of TTFT samples the guard reads."""
+    ttft_samples: int = Field(50, ge=5)
+    """Samples the guard needs on a side before it judges (or measures its baseline)."""
+    ttft_refresh: float = Field(600.0, gt=0.0, allow_inf_nan=False)
+    """Seconds after which the baseline (TTFT P99 without batch lines) is measured again:
+    new lines wait meanwhile, ``ttft_hold`` seconds at most (``ttft_margin`` only)."""
+    ttft_hold: float = Field(10.0, gt=0.0, allow_inf_nan=False)
+    """Seconds at most new lines wait for the baseline to be measured; with too few
+    interactive requests to measure it by, the last one stays."""
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the gate reads interactive TTFTs (``ttft_margin`` or ``ttft_p99``)."""
+        return self.ttft_margin is not None or self.ttft_p99 is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +130,8 @@ class SpareDecision:
     limit: float
     """The AIMD limit on batch lines in flight after this decision."""
     pressure: str | None
-    """Why nothing may start (``queueing``, ``kv``, ``gateway``), or ``None``."""
+    """Why nothing may start (``queueing``, ``kv``, ``gateway``, ``ttft``; ``baseline``:
+    the TTFT guard measures interactive TTFT without batch lines), or ``None``."""
     next_at: float | None
     """When the limit may grow next (ask again then, if lines still wait), always after
     ``now``; ``None``: not by time alone (under pressure, an event ends it)."""
@@ -138,10 +164,25 @@ def headroom(view: SpareView, target: float) -> int:
 class SpareCapacity:
     """One pool's gate for batch lines: the AIMD limit and when it last moved."""
 
-    __slots__ = ("config", "cut_at", "grown_at", "last", "limit")
+    __slots__ = ("config", "cut_at", "governed", "grown_at", "guard", "last", "limit")
 
     def __init__(self, config: SpareConfig) -> None:
         self.config = config
+        self.guard = None
+        if config.guarded:
+            self.guard = TtftGuard(
+                GuardSettings(
+                    config.ttft_margin,
+                    config.ttft_p99,
+                    config.ttft_window,
+                    config.ttft_samples,
+                    config.ttft_refresh,
+                    config.ttft_hold,
+                )
+            )
+        """Interactive TTFT beside batch lines against its margin (``None``: not asked)."""
+        self.governed: float | None = None
+        """When the guard last held the limit's growth back (its next verdict is awaited)."""
         self.limit = 0.0
         """Batch lines the pool may run at once, by AIMD (grows from 0 while lines wait)."""
         self.grown_at: float | None = None
@@ -159,8 +200,18 @@ class SpareCapacity:
         if view.replicas == 0:
             return SpareDecision(0, self.limit, None, None)  # nothing to run on: wait
         why = pressure(view, config.kv_threshold)
+        guard = self.guard
+        if guard is not None and why is None:
+            hold = guard.holding(now)
+            if hold is not None:  # the baseline is measured without batch lines: wait
+                return SpareDecision(0, self.limit, "baseline", hold)
+            if guard.over(now):
+                why = "ttft"
         cap = (config.per_replica or view.max_num_seqs) * view.replicas
         self._adapt(now, view, why, cap)
+        if why == "ttft":
+            assert guard is not None
+            guard.cut(now)  # the next verdict is on the cut limit's own samples
         if why is not None:
             return SpareDecision(0, self.limit, why, None)  # what ends it is an event
         room = min(
@@ -180,6 +231,10 @@ class SpareCapacity:
         if view.batch_waiting == 0:
             return  # nothing is held back: the limit is not what binds
         if self.grown_at is None or now - self.grown_at >= config.interval - _EPS:
+            if self.guard is not None and not self.guard.may_grow(now):
+                self.governed = now  # the TTFT guard has not judged the limit as it is yet
+                return
+            self.governed = None
             # one step per look at most: after a spell with no line waiting (no looks), the
             # limit resumes its climb from where it was, not by the time that went by
             step = self.limit + config.increase * view.replicas
@@ -191,7 +246,16 @@ class SpareCapacity:
     def _next(self, view: SpareView) -> float | None:
         if view.batch_waiting == 0 or self.grown_at is None:
             return None
+        if self.governed is not None:  # a verdict comes with the samples: look again then
+            return self.governed + GUARD_LOOK
         return self.grown_at + self.config.interval
 
-    def snapshot(self) -> dict[str, float | None]:
-        return {"limit": self.limit, "grown_at": self.grown_at, "cut_at": self.cut_at}
+    def snapshot(self) -> dict[str, float | int | None]:
+        out: dict[str, float | int | None] = {
+            "limit": self.limit,
+            "grown_at": self.grown_at,
+            "cut_at": self.cut_at,
+        }
+        if self.guard is not None:
+            out |= {f"ttft_{k}": v for k, v in self.guard.snapshot().items()}
+        return out

@@ -22,6 +22,7 @@ from gpufleet.sim._faults import (
     MtbfFault,
     SlowFault,
     SpotFault,
+    SpotOutageFault,
     load_faults,
     parse_fault,
 )
@@ -117,6 +118,7 @@ __all__ = [
     "SlowFault",
     "Spike",
     "SpotFault",
+    "SpotOutageFault",
     "SweepCandidate",
     "SweepProgress",
     "SweepResult",

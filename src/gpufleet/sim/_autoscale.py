@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from gpufleet.config import ModelConfig, StartupConfig
 from gpufleet.control import (
-    PoolView,
+    NO_BUY,
     Scale,
     ScaleDecision,
     ScaleDirection,
@@ -93,6 +93,10 @@ class Instance:
     driver: int | None = None
     history: list[tuple[float, Phase]] = field(default_factory=list)
     """``(since, phase)`` in order: the bill by phase."""
+    capacity: list[tuple[float, str]] = field(default_factory=list)
+    """``(since, capacity)`` in order: ``spot`` or ``on_demand`` (what its node is bought
+    as, its pool's unless it stands in: docs/spot.md), or ``""`` (no node: a reclaimed
+    replica waiting for spot GPUs, not billed)."""
 
     def enter(self, now: float, phase: Phase) -> None:
         self.phase = phase
@@ -134,6 +138,8 @@ class PoolScaling:
     cold_starts: int = 0
     prewarm_starts: int = 0
     drained: int = 0
+    held_starts: int = 0
+    """Starts its decisions asked for while no spot GPU could be had (``fallback: wait``)."""
     over: list[_Episode] = field(default_factory=list)
     """Stretches in which the stable window's load per ready replica was above target."""
     last: ScaleDecision | None = None
@@ -142,8 +148,9 @@ class PoolScaling:
 class Autoscaling:
     """Every pool's replicas as instances, and the autoscaled pools' actuator.
 
-    ``new_driver(model)`` adds a replica of ``model`` to the harness and the simulation's
-    bookkeeping (driver list, per-replica samples, faults) and returns its driver index.
+    ``new_driver(model, on_demand)`` adds a replica of ``model`` to the harness and the
+    simulation's bookkeeping (driver list, per-replica samples, faults: ``on_demand``, one
+    added to a spot pool on demand, is never reclaimed) and returns its driver index.
     """
 
     def __init__(
@@ -152,7 +159,7 @@ class Autoscaling:
         harness: FleetHarness,
         control: SimControl,
         *,
-        new_driver: Callable[[str], int],
+        new_driver: Callable[[str, bool], int],
         interval: float,
     ) -> None:
         if not interval > 0:
@@ -164,11 +171,18 @@ class Autoscaling:
         self.instances: list[Instance] = []
         self._by_id: dict[ReplicaId, Instance] = {}
         self.pools: dict[str, PoolScaling] = {}
+        self._capacity = {m.name: m.capacity.value for m in models}
+        self.stand_ins: set[ReplicaId] = set()
+        """Replicas it added on demand to a spot pool short of spot GPUs (never reclaimed)."""
+        self.extra: list[tuple[str, str, float, float, int]] = []
+        """Nodes billed beside a replica's own: ``(model, capacity, from, to, gpus)`` (a
+        spot node starting while its on-demand stand-in still serves)."""
         ids = control.replica_ids
         for entry in models:
             for k in control.members(entry.name):
                 inst = Instance(ids[k], entry.name, entry.tp, Phase.SERVING, 0.0, "initial")
                 inst.history.append((0.0, Phase.SERVING))
+                inst.capacity.append((0.0, self._capacity[entry.name]))
                 inst.serving_at, inst.driver = 0.0, k
                 self._track(inst)
             scale = control.control.pools[entry.name].settings.autoscale
@@ -205,7 +219,7 @@ class Autoscaling:
         pool.decisions += 1
         pool.last = decision
         self._measure(now, pool, decision)
-        self._act(now, pool, decision, command.view)
+        self._act(now, pool, command)
 
     def _tell_standbys(self, now: float, model: str) -> None:
         standbys: list[Standby] = []
@@ -216,8 +230,14 @@ class Autoscaling:
                 standbys.append(Standby(inst.id, ready, since if ready else inst.provisioned_at))
         self._control.standbys(now, model, tuple(standbys))
 
-    def _act(self, now: float, pool: PoolScaling, decision: ScaleDecision, view: PoolView) -> None:
+    def _act(self, now: float, pool: PoolScaling, command: Scale) -> None:
+        decision, view, buy = command.decision, command.view, command.buy
         startup, events = pool.startup, []
+        cold, prewarm = decision.cold_starts, decision.prewarm_starts
+        if buy == NO_BUY:  # no spot GPU to be had: the starts wait for a later decision
+            pool.held_starts += cold + prewarm
+            cold = prewarm = 0
+        capacity = buy or None
         for rid in decision.promote:
             inst = self._by_id[rid]
             inst.asked_at = now
@@ -228,13 +248,13 @@ class Autoscaling:
             # A standby still warming finishes loading first, then joins.
             warm = now if inst.warm_at is None else max(now, inst.warm_at)
             events.append(self._join_at(warm + startup.promote, inst))
-        for _ in range(decision.cold_starts):
-            inst = self._provision(now, pool.model, Phase.COLD, "cold")
+        for _ in range(cold):
+            inst = self._provision(now, pool.model, Phase.COLD, "cold", capacity)
             inst.asked_at = now
             pool.cold_starts += 1
             events.append(self._join_at(now + startup.cold, inst))
-        for _ in range(decision.prewarm_starts):
-            inst = self._provision(now, pool.model, Phase.WARMING, "standby")
+        for _ in range(prewarm):
+            inst = self._provision(now, pool.model, Phase.WARMING, "standby", capacity)
             inst.warm_at = now + startup.cold
             pool.prewarm_starts += 1
             events.append(self._join_at(now + startup.cold, inst))
@@ -242,7 +262,7 @@ class Autoscaling:
             self._drain(now, self._by_id[rid])
             pool.drained += 1
         self._harness.kernel.schedule_all(events)
-        if decision.promote or decision.prewarm_starts:
+        if decision.promote or prewarm:
             self._tell_standbys(now, pool.model)
         if decision.direction is not ScaleDirection.HOLD:
             if decision.direction is ScaleDirection.UP:
@@ -252,11 +272,17 @@ class Autoscaling:
             if len(pool.events) < MAX_LOGGED_EVENTS:
                 pool.events.append(decision_record(decision, view))
 
-    def _provision(self, now: float, model: str, phase: Phase, via: str) -> Instance:
+    def _provision(
+        self, now: float, model: str, phase: Phase, via: str, capacity: str | None = None
+    ) -> Instance:
         control = self._control
         rid = control.provision(now, model) if phase is Phase.COLD else control.next_name(model)
         inst = Instance(rid, model, self._gpus[model], phase, now, via)
         inst.history.append((now, phase))
+        bought = self._capacity[model] if capacity is None else capacity
+        inst.capacity.append((now, bought))
+        if bought != self._capacity[model]:
+            self.stand_ins.add(rid)  # on demand in a spot pool: never reclaimed
         self._track(inst)
         return inst
 
@@ -267,7 +293,7 @@ class Autoscaling:
         if not self._harness.active:  # the run is over: nothing to serve
             inst.enter(now, Phase.GONE)
             return
-        k = self._new_driver(inst.model)
+        k = self._new_driver(inst.model, inst.id in self.stand_ins)
         joined = self._control.add_replica(now, inst.model, inst.id)
         assert joined == k, (joined, k)
         inst.driver = k
@@ -341,18 +367,56 @@ class Autoscaling:
     def charged_gpus(self) -> int:
         return sum(i.gpus for i in self.instances if i.phase is not Phase.GONE)
 
+    def set_capacity(self, now: float, replica: ReplicaId, capacity: str) -> None:
+        """``replica``'s node is ``capacity`` from ``now`` (``""``: it has none)."""
+        inst = self._by_id[replica]
+        inst.capacity.append((now, capacity))
+
     def bill(self, model: str, end: float) -> dict[str, float]:
         """GPU-seconds of ``model``'s replicas up to ``end``, by what they were doing."""
         out = {"serving": 0.0, "starting": 0.0, "standby": 0.0, "draining": 0.0}
+        for gpu_s, phase, _ in self._spans(model, end):
+            out[_BILL_KEY[phase]] += gpu_s
+        for _, _, since, until, gpus in self._extra(model):
+            out["starting"] += max(0.0, min(until, end) - min(since, end)) * gpus
+        return out
+
+    def bill_by_capacity(self, model: str, end: float) -> dict[str, float]:
+        """GPU-seconds of ``model``'s replicas up to ``end``, by what their nodes are."""
+        out: dict[str, float] = {}
+        for gpu_s, _, capacity in self._spans(model, end):
+            out[capacity] = out.get(capacity, 0.0) + gpu_s
+        for _, capacity, since, until, gpus in self._extra(model):
+            span = max(0.0, min(until, end) - min(since, end)) * gpus
+            out[capacity] = out.get(capacity, 0.0) + span
+        return out
+
+    def _extra(self, model: str) -> list[tuple[str, str, float, float, int]]:
+        return [x for x in self.extra if x[0] == model]
+
+    def _spans(self, model: str, end: float) -> list[tuple[float, Phase, str]]:
+        """``(GPU-seconds, phase, capacity)`` of each billed stretch of ``model``'s replicas
+        (a stretch without a node is not billed)."""
+        out: list[tuple[float, Phase, str]] = []
         for inst in self.instances:
             if inst.model != model:
                 continue
-            marks = [*inst.history, (math.inf, Phase.GONE)]
-            for (since, phase), (until, _) in itertools.pairwise(marks):
+            # the phase and capacity marks, merged: each stretch has one of each
+            cuts = sorted({t for t, _ in inst.history} | {t for t, _ in inst.capacity})
+            phases, capacities = iter(inst.history), iter(inst.capacity)
+            phase_mark, cap_mark = next(phases), next(capacities)
+            next_phase, next_cap = next(phases, None), next(capacities, None)
+            for since, until in itertools.pairwise([*cuts, math.inf]):
+                while next_phase is not None and next_phase[0] <= since:
+                    phase_mark, next_phase = next_phase, next(phases, None)
+                while next_cap is not None and next_cap[0] <= since:
+                    cap_mark, next_cap = next_cap, next(capacities, None)
+                phase, capacity = phase_mark[1], cap_mark[1]
                 if phase is Phase.GONE:
                     break
                 span = max(0.0, min(until, end) - min(since, end))
-                out[_BILL_KEY[phase]] += span * inst.gpus
+                if capacity and span > 0:
+                    out.append((span * inst.gpus, phase, capacity))
         return out
 
     def report(self, model: str, end: float) -> dict[str, Any] | None:
@@ -389,6 +453,7 @@ class Autoscaling:
             "cold_starts": pool.cold_starts,
             "prewarm_starts": pool.prewarm_starts,
             "drained": pool.drained,
+            "held_starts": pool.held_starts,
             "lag": {
                 "decision_to_serving_s": _stats(lags),
                 "promoted_s": _stats(by_via["promoted"]),

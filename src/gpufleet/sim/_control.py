@@ -65,7 +65,9 @@ from gpufleet.control import (
     Probe,
     ProbeAnswered,
     Recall,
+    Reclaimed,
     Reject,
+    Replace,
     Replicas,
     ReplicaSeen,
     Residency,
@@ -77,6 +79,7 @@ from gpufleet.control import (
     Scraped,
     ScrapedLoad,
     Sleep,
+    SpotMarket,
     Standby,
     Standbys,
     Tick,
@@ -285,6 +288,8 @@ class SimControl:
         """Seconds each request waited before its first attempt (queued or held)."""
         self.on_scale: Callable[[float, Scale], None] | None = None
         """The modelled runtime's actuator (``Autoscaling.act``)."""
+        self.on_replace: Callable[[float, Replace], list[ScheduledEvent]] | None = None
+        """The modelled provider: a node of the capacity asked for (``FaultInjector``)."""
         self.on_wake: Callable[[float], None] | None = None
         """Called before each Tick (the modelled runtime retires drained replicas)."""
         self.rollout_log: list[RolloutDecision] = []
@@ -294,6 +299,8 @@ class SimControl:
         self._wake_at: float | None = None
         self._local = False
         self._deferred: list[Command] = []
+        self._timed = control.times_first_tokens
+        """Whether ``Finished`` carries the request's TTFT (the batch gate's guard reads it)."""
         self.recalls = 0
         """Recall commands carried out (batch lines stopped for an interactive request)."""
         self._times: dict[str, ResidencyTimes] = {}
@@ -437,6 +444,16 @@ class SimControl:
         entry = self.replicas.by_driver[replica]
         return self._tell(now, Preempting(entry.model, entry.id, at))
 
+    def reclaimed(self, now: float, replica: int) -> list[ScheduledEvent]:
+        """The provider took driver ``replica``'s GPUs: the controller says what replaces
+        them (a ``Replace`` now, or later on a ``SpotMarket``)."""
+        entry = self.replicas.by_driver[replica]
+        return self._tell(now, Reclaimed(entry.model, entry.id))
+
+    def spot_market(self, now: float, model: str, available: bool) -> list[ScheduledEvent]:
+        """Spot GPUs for pool ``model`` can (not) be had from now on."""
+        return self._tell(now, SpotMarket(model, available))
+
     def standbys(self, now: float, model: str, standbys: tuple[Standby, ...]) -> None:
         self._report(now, Standbys(model, standbys))
 
@@ -539,6 +556,9 @@ class SimControl:
                     events += self._abandon(now, replica, ids)
                 case Recall(replica=replica, request_id=rid):
                     events += self._recall(now, replica, int(rid))
+                case Replace():
+                    if self.on_replace is not None:
+                        events += self.on_replace(now, command)
         return events
 
     def _loading(self, now: float, route: Route) -> bool:
@@ -799,7 +819,10 @@ class SimControl:
                 if ttft is not None:  # what the gateway measures, told as it tells it
                     itl = () if tpot is None else (tpot,)
                     self._tell(now, Latencies(entry.model, (ttft,), itl))
-            self._tell(now, Finished(entry.model, str(index), outcome, work))
+            ttft = None
+            if self._timed and row is not None and outcome is Outcome.SUCCESS:
+                ttft = row.ttft_s  # from its arrival, as the gateway measures it
+            self._tell(now, Finished(entry.model, str(index), outcome, work, ttft))
         finally:
             self._local = False
         if self._deferred and harness is not None:

@@ -10,6 +10,7 @@ A scenario is a list of faults, written in a ``faults:`` YAML file or as ``--fau
       - hang: {replica: llama-3.1-8b-1, from: 400, to: 430}    # stops: answers nothing
       - mtbf: {hours: 2.0, startup_s: 120}   # every replica: exponential time to failure
       - spot: {per_gpu_hour: 0.05, notice_s: 60}  # `capacity: spot` pools: preemptions
+      - spot_outage: {from: 3600, to: 7200}       # no spot GPUs to be had meanwhile
 
 Faults live in the simulated replicas and network; the control logic (routers, health
 policy, retries) is the real one and never hears of a fault except through what it
@@ -26,7 +27,13 @@ observes: failed attempts, probes, scrapes that stop moving::
     Notice @ t ─► the controller hears ``Preempting(replica, t + notice_s)``: no new attempt
               there; its attempts are abandoned ``abandon_before`` ahead (resumed, retried)
               ─► Crash @ t + notice_s (the provider takes the GPUs; counted as a preemption)
-              ─► Restart @ + startup_s (a replacement node) ─► the next draw
+              ─► the controller hears ``Reclaimed``: ``Replace(spot | on_demand)``, or a
+                 wait for spot GPUs (``spot.fallback``) ─► Restart @ + startup_s (the new
+                 node, billed at its capacity's price) ─► the next draw (none on demand)
+    Spot outage on / off (``spot_outage``, or ``spot.unavailable_s`` after each reclaim)
+              ─► the controller hears ``SpotMarket``: back on, the waiting replicas and the
+                 on-demand stand-ins get spot nodes (a stand-in serves on until its own
+                 starts, then moves: its on-demand node is billed until then)
     Hang on / off ─► the process stops (SIGSTOP, a wedged GPU): its step in flight stalls,
               probes and scrapes get no answer; health fails it, and the controller
               abandons its attempts (retried, or resumed, elsewhere: ``control.Abandon``);
@@ -50,8 +57,11 @@ from typing import Annotated, Any, Final, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from gpufleet.config import Capacity
+from gpufleet.control import Replace
 from gpufleet.engine.model import ReplicaModel
 from gpufleet.fleet import ReplicaState
+from gpufleet.sim._autoscale import Autoscaling
 from gpufleet.sim._control import SimControl
 from gpufleet.sim._harness import FleetHarness
 from gpufleet.sim._kernel import URGENT, Event, ScheduledEvent
@@ -157,15 +167,41 @@ class SpotFault(_Fault):
     per_gpu_hour: float = Field(gt=0.0, allow_inf_nan=False)
     notice_s: float = Field(60.0, ge=0.0, allow_inf_nan=False)
     startup_s: float = Field(DEFAULT_STARTUP_S, ge=0.0)
+    unavailable_s: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    """After each reclaim, the pool's spot GPUs stay short for an exponential time of this
+    mean (reclaims come when the provider runs short); 0: always to be had."""
+
+
+class SpotOutageFault(_Fault):
+    """No spot GPU of pool ``model`` (every spot pool: ``None``) can be had from ``from``
+    to ``to``; those running go on until reclaimed."""
+
+    kind: Literal["spot_outage"] = "spot_outage"
+    model: str | None = None
+    start: float = Field(alias="from", ge=0.0)
+    end: float = Field(math.inf, alias="to")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SpotOutageFault:
+        if not self.end > self.start:
+            raise ValueError(f"'to' ({self.end}) must be after 'from' ({self.start})")
+        return self
 
 
 Fault = Annotated[
-    CrashFault | SlowFault | BlackoutFault | ErrorFault | HangFault | MtbfFault | SpotFault,
+    CrashFault
+    | SlowFault
+    | BlackoutFault
+    | ErrorFault
+    | HangFault
+    | MtbfFault
+    | SpotFault
+    | SpotOutageFault,
     Field(discriminator="kind"),
 ]
 _ADAPTER: Final[TypeAdapter[Fault]] = TypeAdapter(Fault)
-FAULT_KINDS: Final = ("blackout", "crash", "errors", "hang", "mtbf", "slow", "spot")
-FLEET_WIDE: Final = (MtbfFault, SpotFault)
+FAULT_KINDS: Final = ("blackout", "crash", "errors", "hang", "mtbf", "slow", "spot", "spot_outage")
+FLEET_WIDE: Final = (MtbfFault, SpotFault, SpotOutageFault)
 """Faults that name no replica: they draw over the fleet."""
 
 
@@ -258,6 +294,23 @@ class Restart:
 
 
 @dataclass(frozen=True, slots=True)
+class Market:
+    """Pool ``pool``'s spot GPUs run short (``short``) or come back (one stretch of it)."""
+
+    target: FaultInjector
+    pool: str
+    short: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """An on-demand stand-in's spot node serves: the replica moves to it."""
+
+    target: FaultInjector
+    replica: int
+
+
+@dataclass(frozen=True, slots=True)
 class Slow:
     target: FaultInjector
     replica: int
@@ -301,12 +354,17 @@ class FaultInjector:
         "_pools",
         "_rng",
         "_routing",
+        "_short",
         "_spot",
         "_spot_pools",
+        "_standing",
+        "billing",
         "crashes",
         "cut_by_preemption",
+        "moved_to_spot",
         "notices",
         "preemptions",
+        "stand_ins",
     )
 
     def __init__(
@@ -339,6 +397,17 @@ class FaultInjector:
         """Attempts still on a replica when the provider took it (abandoned in time: 0)."""
         self.notices: list[tuple[int, float, float]] = []
         """Each preemption: the replica, when its notice came, and its deadline."""
+        self._short: dict[str, int] = {}
+        """Per spot pool, the stretches of spot shortage now open (none: GPUs to be had)."""
+        self._standing: set[int] = set()
+        """Replicas on on-demand nodes standing in for spot ones (never reclaimed)."""
+        self.stand_ins = 0
+        """Reclaimed replicas given on-demand nodes (``spot.fallback: on_demand``)."""
+        self.moved_to_spot = 0
+        """Stand-ins moved back to spot nodes."""
+        self.billing: Autoscaling | None = None
+        """What bills the replicas' nodes (their capacity changes are told to it)."""
+        routing.on_replace = self._replace
 
     def start(self, faults: Sequence[Fault]) -> None:
         """Schedule every fault (call after the harness and routing are started)."""
@@ -355,6 +424,9 @@ class FaultInjector:
                 if self._spot is not None:
                     raise ValueError("give at most one spot fault")
                 self._spot = fault
+                continue
+            if isinstance(fault, SpotOutageFault):
+                events += self._outage(fault)
                 continue
             replica = names.get(fault.replica)
             if replica is None:
@@ -392,12 +464,75 @@ class FaultInjector:
             events.append(self._at(fault.end, off))
         return events
 
-    def replica_added(self, now: float, replica: int, gpus: int, pool: str) -> None:
+    def _outage(self, fault: SpotOutageFault) -> list[ScheduledEvent]:
+        """A ``spot_outage``: its pool's (or every spot pool's) shortage, on and off."""
+        if fault.model is not None and fault.model not in self._spot_pools:
+            known = ", ".join(sorted(self._spot_pools)) or "none"
+            raise ValueError(
+                f"fault spot_outage: {fault.model!r} is not a spot pool (spot pools: {known})"
+            )
+        pools = sorted(self._spot_pools) if fault.model is None else [fault.model]
+        events = [self._at(fault.start, Market(self, pool, True)) for pool in pools]
+        if math.isfinite(fault.end):
+            events += [self._at(fault.end, Market(self, pool, False)) for pool in pools]
+        return events
+
+    def _market(self, now: float, pool: str, short: bool) -> list[ScheduledEvent]:
+        """One stretch of shortage opens or closes; the controller hears the first to open
+        and the last to close."""
+        was = self._short.get(pool, 0)
+        self._short[pool] = now_short = max(0, was + (1 if short else -1))
+        if (was == 0) == (now_short == 0):
+            return []
+        return self._routing.spot_market(now, pool, available=now_short == 0)
+
+    def _replace(self, now: float, command: Replace) -> list[ScheduledEvent]:
+        """The controller gives ``replica`` a node of ``capacity``: a reclaimed one starts
+        again there ``startup_s`` on; a stand-in moves once its spot node serves."""
+        entry = self._routing.replicas.by_id.get(command.replica)
+        if entry is None or entry.driver is None:
+            return []
+        replica, capacity = entry.driver, command.capacity
+        startup_s = DEFAULT_STARTUP_S if self._spot is None else self._spot.startup_s
+        if self._harness.drivers[replica].down:
+            self._bill(now, replica, capacity.value)
+            if capacity is Capacity.ON_DEMAND and self._pools[replica] in self._spot_pools:
+                self._standing.add(replica)
+                self.stand_ins += 1
+            return [ScheduledEvent(now + startup_s, FAULT_PRIORITY, Restart(self, replica))]
+        if capacity is Capacity.SPOT and replica in self._standing:
+            if self.billing is not None:  # the spot node starts beside the stand-in
+                model = self._pools[replica]
+                gpus = self._gpus[replica]
+                self.billing.extra.append((model, capacity.value, now, now + startup_s, gpus))
+            return [ScheduledEvent(now + startup_s, FAULT_PRIORITY, Takeover(self, replica))]
+        return []
+
+    def _takeover(self, now: float, replica: int) -> list[ScheduledEvent]:
+        """A stand-in's spot node serves: the replica runs there from now on (its requests
+        go on: the move is a planned one, done between requests)."""
+        if replica not in self._standing:
+            return []
+        self._standing.discard(replica)
+        self.moved_to_spot += 1
+        self._bill(now, replica, Capacity.SPOT.value)
+        return self._next_notice(now, replica)
+
+    def _bill(self, now: float, replica: int, capacity: str) -> None:
+        if self.billing is not None:
+            self.billing.set_capacity(now, self._routing.replica_ids[replica], capacity)
+
+    def replica_added(
+        self, now: float, replica: int, gpus: int, pool: str, on_demand: bool = False
+    ) -> None:
         """Replica ``replica`` (``gpus`` GPUs) of ``pool`` joined the fleet: MTBF applies to
-        it too, and spot preemptions if ``pool`` is a spot pool."""
+        it too, and spot preemptions if ``pool`` is a spot pool (``on_demand``: bought on
+        demand while spot GPUs were short, it is never reclaimed)."""
         self._gpus.append(gpus)
         self._pools.append(pool)
         assert len(self._gpus) == replica + 1, (len(self._gpus), replica)
+        if on_demand:
+            self._standing.add(replica)
         events = [] if self._mtbf is None else [self._next_failure(now, replica)]
         events += self._next_notice(now, replica)
         if events:
@@ -419,6 +554,8 @@ class FaultInjector:
         spot = self._spot
         if spot is None or self._pools[replica] not in self._spot_pools:
             return []
+        if replica in self._standing:
+            return []  # on an on-demand node: nothing to reclaim (a new draw voids the old)
         draw = self._draws[replica] = self._draws.get(replica, 0) + 1
         rate = spot.per_gpu_hour * self._gpus[replica] / 3600.0
         at = now + self._rng.expovariate(rate)
@@ -431,6 +568,8 @@ class FaultInjector:
         assert spot is not None
         driver = harness.drivers[replica]
         stopped = self._routing.state(replica) is ReplicaState.STOPPED  # scaled in
+        if replica in self._standing:
+            return []  # it moved to an on-demand node meanwhile
         if self._draws.get(replica) != event.draw or driver.down or stopped:
             return []  # superseded by a restart's draw, or nothing to take
         if not harness.active:
@@ -443,6 +582,20 @@ class FaultInjector:
             ScheduledEvent(at, FAULT_PRIORITY, Crash(self, replica, spot.startup_s, False, True))
         )
         return out
+
+    def _reclaimed(self, now: float, replica: int) -> list[ScheduledEvent]:
+        """The provider took ``replica``'s node (no bill until another): spot GPUs may run
+        short for a while (``unavailable_s``), then the controller says what replaces it."""
+        spot = self._spot
+        assert spot is not None
+        self._bill(now, replica, "")
+        out: list[ScheduledEvent] = []
+        if spot.unavailable_s > 0 and self._harness.active:
+            pool = self._pools[replica]
+            out += self._market(now, pool, True)
+            until = now + self._rng.expovariate(1.0 / spot.unavailable_s)
+            out.append(ScheduledEvent(until, FAULT_PRIORITY, Market(self, pool, False)))
+        return out + self._routing.reclaimed(now, replica)
 
     def _restart(self, now: float, replica: int) -> list[ScheduledEvent]:
         """Replica ``replica`` is back (a new process, or a new spot node): its next draws."""
@@ -465,7 +618,9 @@ class FaultInjector:
             hung.add(replica)
         return []
 
-    def on_event(self, now: float, event: Event) -> list[ScheduledEvent]:
+    def on_event(  # noqa: PLR0911, PLR0912 - one case per event
+        self, now: float, event: Event
+    ) -> list[ScheduledEvent]:
         harness, routing = self._harness, self._routing
         match event:
             case Crash(replica=replica, startup_s=startup_s):
@@ -481,10 +636,16 @@ class FaultInjector:
                     self.cut_by_preemption += len(lost)
                 out = harness.lose(now, replica, lost)  # failures reach health first
                 routing.replica_down(now, replica)
+                if event.preempted:  # the node is gone: the controller says what replaces it
+                    return out + self._reclaimed(now, replica)
                 out.append(ScheduledEvent(now + startup_s, FAULT_PRIORITY, Restart(self, replica)))
                 return out
             case Restart(replica=replica):
                 return self._restart(now, replica)
+            case Market(pool=pool, short=short):
+                return self._market(now, pool, short)
+            case Takeover(replica=replica):
+                return self._takeover(now, replica)
             case Notice():
                 return self._notice(now, event)
             case Hang(replica=replica, on=on):

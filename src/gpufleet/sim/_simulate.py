@@ -19,7 +19,7 @@ from random import Random
 from typing import Any, Final
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
-from gpufleet.config import FleetConfig, ModelConfig
+from gpufleet.config import Capacity, FleetConfig, ModelConfig
 from gpufleet.control import FleetController
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel
 from gpufleet.fleet import LORA_SETTINGS, ReplicaId, ReplicaState
@@ -209,8 +209,9 @@ class FleetSimulation:
             new_driver=self._new_driver,
             interval=options.autoscale_interval,
         )
+        self.faults.billing = self.autoscaling
 
-    def _new_driver(self, model: str) -> int:
+    def _new_driver(self, model: str, on_demand: bool = False) -> int:
         """A replica of ``model`` joins (an autoscaler's scale-out): its driver index."""
         config = self._configs[model]
         k = self.harness.add_replica(ReplicaModel(config))
@@ -219,7 +220,7 @@ class FleetSimulation:
         self._busy_at_sample.append(0.0)
         entry = self.fleet.model(model)
         assert entry is not None
-        self.faults.replica_added(self.now, k, entry.tp, model)
+        self.faults.replica_added(self.now, k, entry.tp, model, on_demand)
         return k
 
     @property
@@ -465,16 +466,21 @@ def build_report(sim: FleetSimulation, inputs: dict[str, Any]) -> dict[str, Any]
     cost_models: dict[str, Any] = {}
     for entry in sim.fleet.models:
         bill = scaling.bill(entry.name, makespan)
-        gpu_hours = math.fsum(bill.values()) / 3600.0
+        hours = {c: s / 3600.0 for c, s in scaling.bill_by_capacity(entry.name, makespan).items()}
         price = entry.usd_per_gpu_hour()
+        prices = {entry.capacity.value: price, Capacity.ON_DEMAND.value: entry.on_demand_price()}
         cost_models[entry.name] = {
             "gpu": entry.gpu,
             "capacity": entry.capacity.value,
             "gpus": entry.tp * entry.replica_count,
             "usd_per_gpu_hour": price,
-            "gpu_hours": _r(gpu_hours, 4),
-            "usd": _r(gpu_hours * price, 2),
+            "gpu_hours": _r(math.fsum(hours.values()), 4),
+            "usd": _r(math.fsum(h * prices[c] for c, h in hours.items()), 2),
             "gpu_hours_by_phase": {k: _r(v / 3600.0, 4) for k, v in bill.items()},
+            # a spot pool's on-demand stand-ins are billed at the on-demand price
+            "by_capacity": {
+                c: {"gpu_hours": _r(h, 4), "usd": _r(h * prices[c], 2)} for c, h in hours.items()
+            },
         }
     timeline = sim.timeline
     n_replicas = len(drivers)
@@ -716,9 +722,10 @@ def _by_capacity(cost_models: dict[str, Any]) -> dict[str, Any]:
     """GPU-hours and dollars split between on-demand and spot pools."""
     split: dict[str, Any] = {}
     for c in cost_models.values():
-        part = split.setdefault(c["capacity"], {"gpu_hours": 0.0, "usd": 0.0})
-        part["gpu_hours"] += c["gpu_hours"]
-        part["usd"] += c["usd"]
+        for capacity, bill in c["by_capacity"].items():
+            part = split.setdefault(capacity, {"gpu_hours": 0.0, "usd": 0.0})
+            part["gpu_hours"] += bill["gpu_hours"]
+            part["usd"] += bill["usd"]
     return {
         k: {"gpu_hours": _r(v["gpu_hours"], 4), "usd": _r(v["usd"], 2)} for k, v in split.items()
     }
@@ -733,6 +740,8 @@ def _faults_report(sim: FleetSimulation) -> dict[str, Any]:
         "crashes": sim.faults.crashes,
         "preemptions": sim.faults.preemptions,
         "cut_by_preemption": sim.faults.cut_by_preemption,
+        "on_demand_stand_ins": sim.faults.stand_ins,
+        "moved_to_spot": sim.faults.moved_to_spot,
         "requests_failed": sim.harness.failed,
         "lost_mid_stream": sum(c.broken for c in counters),
         "resumed_streams": sum(c.resumes for c in counters),
