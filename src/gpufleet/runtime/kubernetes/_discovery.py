@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from gpufleet.runtime.kubernetes._api import KubeApi, KubeApiError
+from gpufleet.runtime.kubernetes._nodes import trim_node
 
 logger = logging.getLogger("gpufleet.runtime.kubernetes")
 
@@ -37,6 +38,7 @@ Slices = Objects
 Nodes = Objects
 """Nodes by name."""
 
+NODES_PATH: Final = "/api/v1/nodes"
 _BACKOFF_MAX_S: Final = 30.0
 
 
@@ -107,7 +109,11 @@ class ListWatch:
     async def _list(self) -> None:
         body = await self._api.get(self._path, self._params())
         items = body.get("items") or []
-        self._objects = {item["metadata"]["name"]: self._keep(item) for item in items}
+        self._objects = {
+            item["metadata"]["name"]: self._keep(item)
+            for item in items
+            if isinstance((item.get("metadata") or {}).get("name"), str)
+        }
         self.resource_version = body.get("metadata", {}).get("resourceVersion") or None
         self.lists += 1
         self.failures = 0
@@ -160,4 +166,30 @@ class SliceWatch(ListWatch):
 
     @property
     def slices(self) -> Slices:
+        return self.objects
+
+
+class NodeWatch(ListWatch):
+    """Follows the cluster's nodes (cluster-scoped: a ClusterRole allows it), each trimmed to
+    its name, taints and cordon."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        on_change: Callable[[Nodes], None],
+        *,
+        retry_s: float = 1.0,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        super().__init__(
+            api,
+            NODES_PATH,
+            on_change,
+            keep=trim_node,
+            retry_s=retry_s,
+            watch_timeout_s=watch_timeout_s,
+        )
+
+    @property
+    def nodes(self) -> Nodes:
         return self.objects
