@@ -35,7 +35,8 @@ app = typer.Typer(
 
 
 def cluster_fleet(config: FleetConfig, fleet_yaml: str) -> ClusterFleet:
-    """The renderer's input: the runtime's pools, the file as written, and the drain time.
+    """The renderer's input: the runtime's pools, the file as written, the drain time, and
+    whether the gateway watches nodes (``runtime.reclaim``: a ClusterRole).
 
     A stopping replica drains for the gateway's ``first_byte`` timeout: that bounds a whole
     non-streaming answer, so no request the gateway still waits for is cut short. With a
@@ -46,6 +47,7 @@ def cluster_fleet(config: FleetConfig, fleet_yaml: str) -> ClusterFleet:
         fleet_yaml=fleet_yaml,
         drain_s=math.ceil(config.gateway.timeouts.first_byte),
         gateway_replicas=2 if config.gateway.redis_url is not None else 1,
+        watch_nodes=config.runtime.reclaim.enabled,
     )
 
 

@@ -37,6 +37,7 @@ from gpufleet.config import (
     DEFAULT_FLEET,
     FleetConfig,
     ModelConfig,
+    ReclaimConfig,
     RuntimeKind,
     is_loopback,
     load_fleet,
@@ -73,6 +74,8 @@ from gpufleet.runtime.kubernetes import (
     KubernetesRuntime,
     LeaderElection,
     OperatorSettings,
+    ReclaimRules,
+    ReclaimTaint,
     cluster_pools,
     export_leadership,
     in_cluster_namespace,
@@ -109,7 +112,9 @@ class RuntimeReplicas(ReplicaSource):
                         r.model,
                         r.url,
                         r.state,
-                        *(r.kv_events if r.kv_events is not None else (None, None)),
+                        kv_events=None if r.kv_events is None else r.kv_events[0],
+                        kv_replay=None if r.kv_events is None else r.kv_events[1],
+                        reclaim_at=r.reclaim_at,
                     )
                     for r in snapshot.replicas
                     if not r.standby
@@ -516,6 +521,7 @@ async def _serve_in_cluster(config: FleetConfig, pools: list[PoolSpec], serving:
     operator = OperatorSettings(
         resync_s=settings.resync_s,
         drain_timeout_s=settings.drain_timeout_s or config.gateway.timeouts.first_byte,
+        reclaim=reclaim_rules(settings.reclaim),
     )
     typer.echo(
         f"gpufleet up: {len(pools)} model(s) in namespace {namespace} "
@@ -528,12 +534,25 @@ async def _serve_in_cluster(config: FleetConfig, pools: list[PoolSpec], serving:
         leader = LeaderElection(api, namespace) if scaled else None
         if leader is not None:
             typer.echo(f"  leader election: lease {leader.settings.name} as {leader.identity}")
+        if operator.reclaim is not None:
+            cordon = ", and cordons" if operator.reclaim.cordon else ""
+            typer.echo(
+                f"  nodes: watched for {len(operator.reclaim.taints)} reclaim taint(s){cordon}"
+            )
         async with KubernetesRuntime(
             api, namespace, cluster_pools(pools), settings=operator, leader=leader
         ) as runtime:
             export_leadership(runtime, registry)
             await _serve_operator(config, runtime, registry, serving, scaled=scaled)
     typer.echo("stopped")
+
+
+def reclaim_rules(config: ReclaimConfig) -> ReclaimRules | None:
+    """The fleet file's ``runtime.reclaim`` as the operator's rules (``None``: off)."""
+    if not config.enabled:
+        return None
+    taints = tuple(ReclaimTaint(t.key, t.value, t.notice_s) for t in config.taints)
+    return ReclaimRules(taints, cordon=config.cordon, notice_s=config.notice_s)
 
 
 async def _serve_operator(

@@ -33,9 +33,15 @@ from gpufleet.config._fleet import (
     parse_fleet,
 )
 from gpufleet.config._override import field_path, set_field
+from gpufleet.config._reclaim import (
+    DEFAULT_RECLAIM_TAINTS,
+    ReclaimConfig,
+    ReclaimTaintConfig,
+)
 
 __all__ = [
     "DEFAULT_FLEET",
+    "DEFAULT_RECLAIM_TAINTS",
     "SPOT_DISCOUNT",
     "STARTUP_TIMEOUTS",
     "AutoscalerConfig",
@@ -46,6 +52,8 @@ __all__ = [
     "FleetFileError",
     "GatewayConfig",
     "ModelConfig",
+    "ReclaimConfig",
+    "ReclaimTaintConfig",
     "RetryConfig",
     "RuntimeConfig",
     "RuntimeKind",

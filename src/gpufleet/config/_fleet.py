@@ -43,6 +43,7 @@ from pydantic import (
 )
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
+from gpufleet.config._reclaim import ReclaimConfig
 from gpufleet.config._residency import DEFAULT_MEMORY, check_slots
 from gpufleet.fleet import ReplicaProfile
 from gpufleet.policy import (
@@ -679,6 +680,9 @@ class RuntimeConfig(_Strict):
     drain_timeout_s: float | None = Field(None, gt=0.0)
     """Longest wait for a replica's in-flight requests before a scale-down removes it anyway
     (kubernetes); default: ``gateway.timeouts.first_byte``."""
+    reclaim: ReclaimConfig = ReclaimConfig()
+    """Which nodes are being taken back (kubernetes): their replicas get a preemption notice
+    (docs/kubernetes.md, "Nodes taken back")."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RuntimeConfig:

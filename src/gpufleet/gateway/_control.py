@@ -4,7 +4,8 @@ The rules are the pool controllers' (``gpufleet.control``, the simulator's too);
 turns what happens on the event loop into their events and does what they answer::
 
     replica source ──► Replicas        probe task ──► ProbeAnswered     one timer at
-    scrape loop    ──► Scraped         actuator   ──► Standbys          next_wakeup() ──► Tick
+                   ──► Preempting      actuator   ──► Standbys          next_wakeup() ──► Tick
+    scrape loop    ──► Scraped         (a replica's reclaim_at: a node's termination notice)
     a request      ──► Arrived · AttemptFailed · Finished · ClientGone
                                    │
     PoolController.handle(now, event)
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import IO, Final
 
@@ -45,6 +47,7 @@ from gpufleet.control import (
     KvResync,
     Latencies,
     PoolController,
+    Preempting,
     Probe,
     ProbeAnswered,
     Recall,
@@ -100,6 +103,7 @@ class LiveControl:
         admission: bool,
         scaling: ScaleExecutor | None = None,
         on_gone: Callable[[Upstream], None] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.control = FleetController.of(
@@ -110,15 +114,19 @@ class LiveControl:
         self.metrics = metrics
         self.scaling = scaling
         self.views = ViewExport(config, metrics)
-        self.timeline = Timeline(clock)
+        self.timeline = Timeline(clock, wall)
         """Ejections and acting scale decisions, for the console (``/admin/events``)."""
         self._models = {m.name: m for m in config.models}
         self._clock = clock
+        self._wall = wall
         self._on_gone = on_gone
         self._waiters: dict[str, asyncio.Future[Decision]] = {}
         self._early: dict[str, Decision] = {}
         """Decisions made inside the request's own event (taken back at once)."""
         self._seen: dict[str, tuple[ReplicaSeen, ...]] = {}
+        self._noticed: dict[ReplicaId, tuple[str | None, float]] = {}
+        """The last preemption notice handed on per replica: its process (URL) and deadline
+        (wall clock)."""
         self._standbys: dict[str, object] = {}
         self._held: dict[str, int] = {}
         self._shown: dict[str, FleetView] = {}
@@ -559,7 +567,11 @@ class LiveControl:
             self.kv_feeds.update(
                 {n: (u.model, u) for n, u in fresh.items() if u.model in self._kv_pools}
             )
+        for upstream in fresh.values():  # after it knows each process too
+            if upstream.reclaim_at is not None:
+                self._reclaimed(upstream, upstream.reclaim_at)
         for replica in gone:
+            self._noticed.pop(replica.name, None)
             self.views.forget(replica.name)
             if self.adapters is not None:
                 self.adapters.forget(replica.name)
@@ -567,6 +579,21 @@ class LiveControl:
             self.metrics.forget_replica(replica.name)
             if self._on_gone is not None:
                 self._on_gone(replica)
+
+    def _reclaimed(self, replica: Upstream, at: float) -> None:
+        """The owner says the provider takes ``replica`` back at ``at`` (wall clock): the
+        controller hears ``Preempting`` with that deadline on its own clock. Every list
+        repeats the notice; each one is handed on once (again if its deadline or the
+        replica's process changes: what a notice does, a later one included, is the
+        controller's rule)."""
+        if self._noticed.get(replica.name) == (replica.url, at):
+            return
+        self._noticed[replica.name] = (replica.url, at)
+        now = self._clock()
+        notice = max(0.0, at - self._wall())
+        self.handle(Preempting(replica.model, replica.name, now + notice))
+        text = f"{replica.name}: preemption notice ({notice:.0f} s) from its runtime"
+        self.timeline.add(now, "action", replica.model, text, replica=replica.name)
 
     async def _probe(self, model: str, replica: ReplicaId) -> None:
         upstream = self.upstreams.get(replica)

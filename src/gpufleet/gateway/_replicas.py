@@ -31,6 +31,9 @@ class Upstream:
     """The ZMQ endpoint its engine publishes KV events on (``None``: none; docs/kv-events.md)."""
     kv_replay: str | None = None
     """The engine's KV-event replay endpoint (``None``: none)."""
+    reclaim_at: float | None = None
+    """When the provider takes it back, on the wall clock (Unix seconds): a preemption
+    notice its owner saw (a node's taint); ``None``: none."""
 
 
 class ReplicaSource(Protocol):

@@ -56,6 +56,10 @@ class ReplicaStatus:
     """When it entered ``phase`` (the runtime's loop clock)."""
     kv_events: tuple[str, str] | None = None
     """Its process's KV-event and replay endpoints (``EngineSpec.kv_events``), once known."""
+    reclaim_at: float | None = None
+    """When the provider takes it back (wall clock, Unix seconds): a preemption notice the
+    runtime saw (operator mode: its node's taint or cordon); ``None``: none. The gateway
+    hands it to the controller as ``Preempting`` (docs/spot.md)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,13 +7,16 @@ few paths operator mode calls, with the semantics that matter to it:
   ``resourceVersion``, or with ``watch=1`` a stream of JSON-line events after the given
   ``resourceVersion``; a version older than the last compaction gets ``410 Gone`` (as an
   ``ERROR`` event, as the API server sends it, or as an HTTP status);
+* ``GET  /api/v1/nodes`` — the same list and watch, of the cluster's nodes (their taints and
+  cordon; versions from the same counter as the slices', as etcd's revision is one);
 * ``GET/PATCH /apis/apps/v1/namespaces/NS/deployments/NAME/scale`` (merge patch);
 * ``PATCH /api/v1/namespaces/NS/pods/NAME`` (merge patch of annotations);
 * ``GET/PUT /apis/coordination.k8s.io/v1/namespaces/NS/leases/NAME`` and ``POST .../leases``:
   a Lease with its own ``resourceVersion``; a PUT naming another version gets ``409 Conflict``
   and a POST of a lease that exists ``409 AlreadyExists``, as optimistic concurrency does.
 
-Tests change the cluster with ``set_pod``/``remove_pod``, inject failures with ``fail``,
+Tests change the cluster with ``set_pod``/``remove_pod`` (``node=``: the endpoint's
+``nodeName``) and ``set_node``/``taint_node``/``cordon_node``, inject failures with ``fail``,
 compact history with ``compact``, cut open watches with ``drop_watches``, and read every
 request in ``calls``. kmock 0.8 was tried first: its emulator keeps no resource versions,
 filters no label selectors and knows no scale subresource, so the watch protocol (the part
@@ -61,6 +64,7 @@ class FakeKubeApi:
     namespace: str = "gpufleet"
     rv: int = 100
     slices: dict[str, JSON] = field(default_factory=dict)
+    nodes: dict[str, JSON] = field(default_factory=dict)
     history: list[tuple[int, str, JSON]] = field(default_factory=list)
     oldest: int = 0
     """Watches from a resourceVersion below this get 410 Gone."""
@@ -90,13 +94,64 @@ class FakeKubeApi:
         ip: str = "127.0.0.1",
         ready: bool = True,
         terminating: bool = False,
+        node: str | None = None,
     ) -> None:
-        self._pods.setdefault(service, {})[pod] = {
+        endpoint: JSON = {
             "addresses": [ip],
             "conditions": {"ready": ready, "serving": ready, "terminating": terminating},
             "targetRef": {"kind": "Pod", "namespace": self.namespace, "name": pod},
         }
+        if node is not None:
+            endpoint["nodeName"] = node
+        self._pods.setdefault(service, {})[pod] = endpoint
         self._put_slice(service, port)
+
+    def set_node(
+        self, name: str, taints: list[JSON] | None = None, *, unschedulable: bool = False
+    ) -> None:
+        """Add or replace a node (with a status the operator must not need)."""
+        spec: JSON = {"providerID": f"fake://{name}"}
+        if taints:
+            spec["taints"] = taints
+        if unschedulable:
+            spec["unschedulable"] = True
+        self._put_node(name, spec)
+
+    def taint_node(
+        self,
+        name: str,
+        key: str,
+        value: str | None = None,
+        *,
+        effect: str = "NoSchedule",
+        time_added: str | None = None,
+    ) -> None:
+        """Add a taint to a node, as a termination handler does."""
+        taint: JSON = {"key": key, "effect": effect}
+        if value is not None:
+            taint["value"] = value
+        if time_added is not None:
+            taint["timeAdded"] = time_added
+        spec = dict(self.nodes[name]["spec"])
+        spec["taints"] = [*spec.get("taints", []), taint]
+        self._put_node(name, spec)
+
+    def cordon_node(self, name: str, cordoned: bool = True) -> None:
+        spec = {k: v for k, v in self.nodes[name]["spec"].items() if k != "unschedulable"}
+        self._put_node(name, {**spec, "unschedulable": True} if cordoned else spec)
+
+    def _put_node(self, name: str, spec: JSON) -> None:
+        self.rv += 1
+        kind = "MODIFIED" if name in self.nodes else "ADDED"
+        obj = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "resourceVersion": str(self.rv), "labels": {}},
+            "spec": spec,
+            "status": {"images": [{"names": ["big/image:1"], "sizeBytes": 10**10}]},
+        }
+        self.nodes[name] = obj
+        self.history.append((self.rv, kind, obj))
 
     def remove_pod(self, service: str, pod: str, port: int = 8000) -> None:
         self._pods.get(service, {}).pop(pod, None)
@@ -153,6 +208,7 @@ class FakeKubeApi:
         return Starlette(
             routes=[
                 Route(f"/apis/discovery.k8s.io/v1{ns}/endpointslices", self._slices_route),
+                Route("/api/v1/nodes", self._nodes_route),
                 Route(
                     f"/apis/apps/v1{ns}/deployments/{{name}}/scale",
                     self._scale_route,
@@ -188,16 +244,30 @@ class FakeKubeApi:
         services = _services(request.query_params.get("labelSelector", ""))
 
         def wanted(obj: JSON) -> bool:
-            return obj["metadata"]["labels"]["kubernetes.io/service-name"] in services
+            labels = obj["metadata"]["labels"]
+            return obj["kind"] == "EndpointSlice" and labels["kubernetes.io/service-name"] in (
+                services
+            )
 
+        return self._list_or_watch(request, "EndpointSliceList", self.slices, wanted)
+
+    async def _nodes_route(self, request: Request) -> Response:
+        if (failed := await self._record(request)) is not None:
+            return failed
+        assert "labelSelector" not in request.query_params  # every node: none is filtered out
+
+        def wanted(obj: JSON) -> bool:
+            return bool(obj["kind"] == "Node")
+
+        return self._list_or_watch(request, "NodeList", self.nodes, wanted)
+
+    def _list_or_watch(
+        self, request: Request, kind: str, objects: dict[str, JSON], wanted: Any
+    ) -> Response:
         if request.query_params.get("watch") not in ("1", "true"):
-            items = [s for s in self.slices.values() if wanted(s)]
+            items = [s for s in objects.values() if wanted(s)]
             return JSONResponse(
-                {
-                    "kind": "EndpointSliceList",
-                    "metadata": {"resourceVersion": str(self.rv)},
-                    "items": items,
-                }
+                {"kind": kind, "metadata": {"resourceVersion": str(self.rv)}, "items": items}
             )
         since = int(request.query_params.get("resourceVersion") or self.rv)
         if since < self.oldest - 1:
@@ -212,9 +282,9 @@ class FakeKubeApi:
             self._events(since, wanted, timeout, self.generation), media_type="application/json"
         )
 
-    def watching(self) -> int:
-        """Watch requests received so far."""
-        return sum(1 for c in self.calls if c.query.get("watch") == "1")
+    def watching(self, path_part: str = "/endpointslices") -> int:
+        """Watch requests received so far (of slices, by default)."""
+        return sum(1 for c in self.calls if c.query.get("watch") == "1" and path_part in c.path)
 
     async def _events(
         self, since: int, wanted: Any, timeout: float, generation: int

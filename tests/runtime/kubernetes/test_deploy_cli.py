@@ -37,13 +37,13 @@ def test_servicemonitor_flag_and_external_note(gpu_fleet_file: Path, tmp_path: P
     kinds = [yaml.safe_load(p.read_text())["kind"] for p in sorted(out.iterdir())]
     assert kinds.count("ServiceMonitor") == 2
     assert "note: partner: external" in result.stdout
-    assert "vllm/vllm-openai:v0.19.0" in (out / "07-deployment-llama-3-1-70b.yaml").read_text()
+    assert "vllm/vllm-openai:v0.19.0" in (out / "09-deployment-llama-3-1-70b.yaml").read_text()
 
 
 def test_default_fleet_when_no_file_is_given(tmp_path: Path) -> None:
     result = runner.invoke(app, ["deploy", "k8s", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "07-deployment-llama-3-1-8b.yaml").exists()
+    assert (tmp_path / "09-deployment-llama-3-1-8b.yaml").exists()
 
 
 def test_warns_about_other_yaml_files_in_out(tmp_path: Path) -> None:

@@ -10,11 +10,14 @@ played by the test: it moves pods itself, and checks every call against the rend
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 
+from gpufleet.cli._up_cmd import reclaim_rules
+from gpufleet.config import ReclaimConfig
 from gpufleet.fleet import ReplicaLoad, ReplicaState, ReplicaView
 from gpufleet.policy import AutoscaleConfig, AutoscalePolicy, PoolView, ScaleDirection
 from gpufleet.runtime import (
@@ -37,6 +40,7 @@ from gpufleet.runtime.kubernetes import (
     LeaseSettings,
     OperatorSettings,
     cluster_pools,
+    cluster_role_name,
     render,
 )
 
@@ -435,24 +439,38 @@ async def test_every_call_the_operator_makes_is_allowed_by_the_rendered_role(
     fake: FakeKubeApi,
 ) -> None:
     for pod in ("pod-a", "pod-b"):
-        fake.set_pod(SVC, pod)
-    async with serving(fake) as url, operator(fake, url, identity="gw-1") as runtime:
+        fake.set_pod(SVC, pod, node="node-1")
+    fake.set_node("node-1")
+    watching_nodes = dataclasses.replace(FAST, reclaim=reclaim_rules(ReclaimConfig()))
+    async with (
+        serving(fake) as url,
+        operator(fake, url, settings=watching_nodes, identity="gw-1") as runtime,
+    ):
         await eventually(lambda: runtime.leading)
         await until(runtime, lambda s: len(s.ready(POOL)) == 2)
+        await eventually(lambda: fake.watching("/api/v1/nodes") == 1)
         runtime.scale(POOL, 3)
         await eventually(lambda: fake.scales[SVC] == 3)
         runtime.scale(POOL, 1, remove=("pod-a",))
         await eventually(lambda: fake.scales[SVC] == 1)
         await eventually(lambda: len(fake.calls_to("PUT", "/leases")) > 0)  # a renewal
-    role = next(o for o in render(ClusterFleet(POOLS, "models: []\n")) if o["kind"] == "Role")
+    objects = render(ClusterFleet(POOLS, "models: []\n"), NS)
+    role = next(o for o in objects if o["kind"] == "Role")
     assert {o["metadata"]["name"] for o in [role]} == {GATEWAY}
+    # nodes are cluster-scoped: a ClusterRole of its own, bound to the same ServiceAccount
+    cluster_role = next(o for o in objects if o["kind"] == "ClusterRole")
+    binding = next(o for o in objects if o["kind"] == "ClusterRoleBinding")
+    assert cluster_role["metadata"]["name"] == cluster_role_name(NS) == binding["roleRef"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": GATEWAY, "namespace": NS}]
     used = set()
     for call in fake.calls:
-        group, resource, name = _resource(call.path)
+        group, resource, name, namespaced = _resource(call.path)
         verb = {"PATCH": "patch", "PUT": "update", "POST": "create"}.get(call.method) or (
             "watch" if call.query.get("watch") == "1" else "list" if name is None else "get"
         )
         used.add((group, resource, verb))
+        # a Role grants nothing cluster-scoped; the ClusterRole, only what the Role cannot
+        rules = role["rules"] if namespaced else cluster_role["rules"]
         assert any(
             group in rule["apiGroups"]
             and resource in rule["resources"]
@@ -460,11 +478,11 @@ async def test_every_call_the_operator_makes_is_allowed_by_the_rendered_role(
             # a rule with resourceNames allows only calls that name one of them (RBAC: never
             # a list, a watch without a name field selector, or a create)
             and ("resourceNames" not in rule or name in rule["resourceNames"])
-            for rule in role["rules"]
+            for rule in rules
         ), (call.method, call.path)
     granted = {
         (g, r, v)
-        for rule in role["rules"]
+        for rule in [*role["rules"], *cluster_role["rules"]]
         for g in rule["apiGroups"]
         for r in rule["resources"]
         for v in rule["verbs"]
@@ -472,12 +490,15 @@ async def test_every_call_the_operator_makes_is_allowed_by_the_rendered_role(
     assert used == granted  # and nothing granted goes unused
 
 
-def _resource(path: str) -> tuple[str, str, str | None]:
-    """``(api group, resource[/subresource], name)`` of an API path."""
+def _resource(path: str) -> tuple[str, str, str | None, bool]:
+    """``(api group, resource[/subresource], name, namespaced)`` of an API path."""
     parts = path.strip("/").split("/")
     group = "" if parts[0] == "api" else parts[1]
-    rest = parts[parts.index("namespaces") + 2 :]
+    namespaced = "namespaces" in parts
+    rest = (
+        parts[parts.index("namespaces") + 2 :] if namespaced else parts[2 if group == "" else 3 :]
+    )
     resource, name = rest[0], rest[1] if len(rest) > 1 else None
     if len(rest) > 2:
         resource = f"{resource}/{rest[2]}"
-    return group, resource, name
+    return group, resource, name, namespaced

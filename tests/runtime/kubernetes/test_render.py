@@ -93,6 +93,8 @@ def test_objects_come_in_apply_order_with_stable_names(gpu_fleet: ClusterFleet) 
         ("ServiceAccount", GATEWAY),
         ("Role", GATEWAY),
         ("RoleBinding", GATEWAY),
+        ("ClusterRole", f"{GATEWAY}-inference"),
+        ("ClusterRoleBinding", f"{GATEWAY}-inference"),
         ("ConfigMap", GATEWAY),
         ("Deployment", GATEWAY),
         ("Service", GATEWAY),
@@ -107,6 +109,8 @@ def test_objects_come_in_apply_order_with_stable_names(gpu_fleet: ClusterFleet) 
         ("PodDisruptionBudget", "llama-3-1-8b"),
     ]
     assert all(o["metadata"].get("namespace", "inference") == "inference" for o in objects)
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    assert all(("namespace" in o["metadata"]) == (o["kind"] not in cluster_scoped) for o in objects)
 
 
 def test_vllm_pool_asks_for_tp_gpus_of_its_type_and_tolerates_their_taint(
@@ -258,6 +262,42 @@ def test_gateway_role_has_exactly_the_rights_it_needs(gpu_fleet: ClusterFleet) -
     binding = _find(render(gpu_fleet), "RoleBinding", GATEWAY)
     assert binding["roleRef"]["name"] == GATEWAY
     assert binding["subjects"][0]["name"] == GATEWAY
+
+
+def test_the_node_watch_gets_read_access_to_nodes_and_nothing_else_of_the_cluster(
+    gpu_fleet: ClusterFleet,
+) -> None:
+    objects = render(gpu_fleet, "inference")
+    role = _find(objects, "ClusterRole", "gpufleet-gateway-inference")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
+    ]
+    binding = _find(objects, "ClusterRoleBinding", "gpufleet-gateway-inference")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "gpufleet-gateway-inference",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": GATEWAY, "namespace": "inference"}
+    ]
+    # cluster-scoped: one per namespace, so two fleets in two namespaces do not collide
+    other = render(gpu_fleet, "staging")
+    assert _find(other, "ClusterRole", "gpufleet-gateway-staging")
+    assert (
+        _find(other, "ClusterRoleBinding", "gpufleet-gateway-staging")["subjects"][0]["namespace"]
+        == "staging"
+    )
+
+
+def test_no_cluster_role_when_the_fleet_file_turns_the_node_watch_off(
+    gpu_fleet_file: Path,
+) -> None:
+    text = gpu_fleet_file.read_text() + "runtime: {reclaim: {enabled: false}}\n"
+    gpu_fleet_file.write_text(text)
+    kinds = {o["kind"] for o in render(fleet_from(gpu_fleet_file))}
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
+    assert {"Role", "RoleBinding"} <= kinds
 
 
 def test_gateway_serves_the_fleet_file_from_its_configmap_and_probes_health_and_ready(

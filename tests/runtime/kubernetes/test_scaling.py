@@ -34,13 +34,16 @@ def _slice(service: str, *endpoints: dict[str, Any], port: int = 8000) -> dict[s
     }
 
 
-def _endpoint(pod: str, address: str, **conditions: bool) -> dict[str, Any]:
-    return {"addresses": [address], "conditions": conditions, "targetRef": {"name": pod}}
+def _endpoint(
+    pod: str, address: str, node: str | None = None, **conditions: bool
+) -> dict[str, Any]:
+    found = {"addresses": [address], "conditions": conditions, "targetRef": {"name": pod}}
+    return found if node is None else {**found, "nodeName": node}
 
 
 def test_slices_become_pods_by_service_with_their_state() -> None:
     slices = [
-        _slice("svc", _endpoint("a", "10.0.0.1", ready=True), _endpoint("b", "fd00::2")),
+        _slice("svc", _endpoint("a", "10.0.0.1", "n1", ready=True), _endpoint("b", "fd00::2")),
         _slice("svc", _endpoint("c", "10.0.0.3", ready=False, terminating=True)),
         _slice("svc", _endpoint("d", "10.0.0.4", ready=False), {"addresses": []}),
         _slice("other", _endpoint("x", "10.0.0.9", ready=True)),
@@ -48,7 +51,7 @@ def test_slices_become_pods_by_service_with_their_state() -> None:
         _slice("svc", _endpoint("d", "10.0.0.4", ready=True)),
     ]
     assert pod_endpoints(slices, {"svc": P}) == (
-        PodEndpoint(P, "a", "http://10.0.0.1:8000", READY),
+        PodEndpoint(P, "a", "http://10.0.0.1:8000", READY, node="n1"),  # its nodeName
         PodEndpoint(P, "b", "http://[fd00::2]:8000", READY),  # no conditions: ready
         PodEndpoint(P, "c", "http://10.0.0.3:8000", TERMINATING),
         PodEndpoint(P, "d", "http://10.0.0.4:8000", READY),

@@ -9,6 +9,9 @@ Operator mode (``runtime: kubernetes``): :class:`KubernetesRuntime` finds each p
 pods through an EndpointSlice watch and publishes them as the local runtime does; its
 ``scale(pool, count, remove)`` drains the chosen pods, marks them with the pod-deletion cost
 and patches the pool Deployment's scale (a pure plan, ``plan_pool``, decides each step).
+With ``OperatorSettings.reclaim``, a node watch (:class:`NodeWatch`) finds the nodes being
+taken back (``node_reclaims``: termination taints, cordons) and publishes their deadline on
+the replicas they host; the gateway's controller drains them (``Preempting``).
 With several gateway replicas, :class:`LeaderElection` on a Lease picks the one that scales.
 ``dashboard()`` is the Grafana dashboard of the gateway, its autoscaler and the engines.
 """
@@ -25,7 +28,7 @@ from gpufleet.runtime.kubernetes._dashboard import (
     dashboard,
     dashboard_json,
 )
-from gpufleet.runtime.kubernetes._discovery import SliceWatch
+from gpufleet.runtime.kubernetes._discovery import NODES_PATH, NodeWatch, SliceWatch
 from gpufleet.runtime.kubernetes._endpoints import PodEndpoint, PodState, pod_endpoints
 from gpufleet.runtime.kubernetes._files import manifest_files, to_yaml
 from gpufleet.runtime.kubernetes._gpus import (
@@ -39,6 +42,15 @@ from gpufleet.runtime.kubernetes._leader import (
     LeaderElection,
     LeaseSettings,
     default_identity,
+)
+from gpufleet.runtime.kubernetes._nodes import (
+    CORDON,
+    Reclaim,
+    ReclaimRules,
+    ReclaimTaint,
+    keep_first,
+    node_reclaims,
+    trim_node,
 )
 from gpufleet.runtime.kubernetes._operator import (
     LEADER_METRIC,
@@ -59,6 +71,7 @@ from gpufleet.runtime.kubernetes._render import (
     VLLM_TAG,
     ClusterFleet,
     Manifest,
+    cluster_role_name,
     notes,
     pool_object_names,
     render,
@@ -78,6 +91,7 @@ from gpufleet.runtime.kubernetes._scaling import (
 )
 
 __all__ = [
+    "CORDON",
     "DASHBOARDS",
     "DASHBOARD_FILE",
     "DASHBOARD_UID",
@@ -91,6 +105,7 @@ __all__ = [
     "GPU_RESOURCE",
     "GRAFANA_LABEL",
     "LEADER_METRIC",
+    "NODES_PATH",
     "NOTE_ANNOTATION",
     "PORT",
     "VLLM_IMAGE",
@@ -107,21 +122,28 @@ __all__ = [
     "LeaseSettings",
     "Manifest",
     "Mark",
+    "NodeWatch",
     "Observed",
     "OperatorSettings",
     "PatchScale",
     "PodEndpoint",
     "PodState",
     "PoolPlan",
+    "Reclaim",
+    "ReclaimRules",
+    "ReclaimTaint",
     "SliceWatch",
     "cluster_pools",
+    "cluster_role_name",
     "dashboard",
     "dashboard_json",
     "default_identity",
     "export_leadership",
     "gpu_product",
     "in_cluster_namespace",
+    "keep_first",
     "manifest_files",
+    "node_reclaims",
     "notes",
     "plan_pool",
     "pod_endpoints",
@@ -129,5 +151,6 @@ __all__ = [
     "render",
     "sim_args",
     "to_yaml",
+    "trim_node",
     "vllm_args",
 ]

@@ -8,7 +8,7 @@ the gateway's and the runtime's HTTP client, so this adds no dependency (the off
 ``kubernetes_asyncio`` brings aiohttp and thousands of generated models; ``kr8s`` and
 ``lightkube`` would each add a dependency for a handful of calls). And the watch protocol (resource
 versions, bookmarks, ``410 Gone``) is the part that must be right and tested, so it is spelled
-out in ``_discovery.py`` rather than hidden in a helper.
+out in ``_discovery.py`` (``ListWatch``) rather than hidden in a helper.
 
 Authentication is what a pod has: the service account's token (re-read from its file, since
 the kubelet rotates bound tokens) and the cluster CA. ``ApiConfig(server=...)`` without a token

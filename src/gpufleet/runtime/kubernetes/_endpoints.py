@@ -8,6 +8,9 @@ three conditions::
     serving      the same, but also true while terminating                  (not used)
     terminating  the pod is shutting down (a scale-down, a rollout, a node drain)
 
+Each endpoint also names the node its pod runs on (``nodeName``): the node watch
+(``_nodes.py``) says which nodes the cloud is taking back.
+
 A pod can sit in two slices for a moment while the controller rebalances them; it is listed
 once, ready if either slice says so.
 """
@@ -31,14 +34,16 @@ class PodState(StrEnum):
     TERMINATING = "terminating"
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True)
 class PodEndpoint:
-    """One replica pod of a pool: its name, base URL and state."""
+    """One replica pod of a pool: its name, base URL, state and node."""
 
     pool: str
     name: str
     url: str
     state: PodState
+    node: str | None = None
+    """The node it runs on (``None``: the slice does not say)."""
 
 
 def pod_endpoints(
@@ -62,11 +67,13 @@ def pod_endpoints(
             host = f"[{address}]" if ":" in address else address
             ref = endpoint.get("targetRef") or {}
             name = ref.get("name") or endpoint.get("hostname") or address
-            pod = PodEndpoint(pool, name, f"http://{host}:{port}", _state(endpoint))
+            node = endpoint.get("nodeName")
+            node = node if isinstance(node, str) and node else None
+            pod = PodEndpoint(pool, name, f"http://{host}:{port}", _state(endpoint), node)
             seen = found.get(name)
             if seen is None or (pod.state is PodState.READY and seen.state is not PodState.READY):
                 found[name] = pod
-    return tuple(sorted(found.values()))
+    return tuple(sorted(found.values(), key=lambda p: (p.pool, p.name)))
 
 
 def _port(ports: list[Mapping[str, Any]]) -> int | None:

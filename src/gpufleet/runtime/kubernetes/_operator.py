@@ -11,6 +11,12 @@ deadline passes), mark it with the deletion cost, patch the scale. It publishes 
         rt.subscribe(on_snapshot)                           # the gateway's replica list
         rt.scale("llama-3.1-8b", 1, remove=("llama-3-1-8b-7d9c-x2x4q",))
 
+With ``settings.reclaim``, it also watches the cluster's nodes (``NodeWatch``): a pod on a
+node being taken back (a termination taint, a cordon: ``node_reclaims``) is published with
+the node's deadline (``ReplicaStatus.reclaim_at``), which the gateway hands to its pool
+controller as a preemption notice. Every replica publishes it, leader or not: each gateway's
+controller routes for itself.
+
 With several gateway replicas (``leader=LeaderElection(...)``), only the holder of the Lease
 acts: the others publish the same pods, take ``scale`` calls as no-ops, and keep out of
 routing the pods the leader says it drains (its note on the Lease). A replica that loses the
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
@@ -41,7 +48,7 @@ from gpufleet.runtime._reconcile import Phase
 from gpufleet.runtime._snapshot import ReplicaStatus, RuntimeSnapshot
 from gpufleet.runtime._spec import EngineKind, PoolSpec
 from gpufleet.runtime.kubernetes._api import KubeApi, KubeApiError
-from gpufleet.runtime.kubernetes._discovery import Slices, SliceWatch
+from gpufleet.runtime.kubernetes._discovery import Nodes, NodeWatch, Slices, SliceWatch
 from gpufleet.runtime.kubernetes._endpoints import (
     SERVICE_NAME_LABEL,
     PodEndpoint,
@@ -49,6 +56,7 @@ from gpufleet.runtime.kubernetes._endpoints import (
     pod_endpoints,
 )
 from gpufleet.runtime.kubernetes._leader import LeaderElection
+from gpufleet.runtime.kubernetes._nodes import Reclaim, ReclaimRules, keep_first, node_reclaims
 from gpufleet.runtime.kubernetes._render import pool_object_names
 from gpufleet.runtime.kubernetes._scaling import (
     DELETION_COST,
@@ -87,6 +95,9 @@ class OperatorSettings:
     """First delay after a failed API call (the watch doubles it up to 30 s)."""
     watch_timeout_s: int = 300
     """``timeoutSeconds`` of a watch: the server ends it then and it starts again."""
+    reclaim: ReclaimRules | None = None
+    """Which nodes are being taken back (the fleet file's ``runtime.reclaim``); ``None``:
+    nodes are not watched."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +145,7 @@ class KubernetesRuntime:
         settings: OperatorSettings | None = None,
         in_flight: InFlight | None = None,
         leader: LeaderElection | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings or OperatorSettings()
         self.leader = leader
@@ -154,6 +166,19 @@ class KubernetesRuntime:
             retry_s=self.settings.retry_s,
             watch_timeout_s=self.settings.watch_timeout_s,
         )
+        self.nodes = (
+            None
+            if self.settings.reclaim is None
+            else NodeWatch(
+                api,
+                self._nodes_changed,
+                retry_s=self.settings.retry_s,
+                watch_timeout_s=self.settings.watch_timeout_s,
+            )
+        )
+        """The node watch (``None`` without ``settings.reclaim``)."""
+        self._wall = wall
+        self._reclaims: dict[str, Reclaim] = {}
         self._pods: tuple[PodEndpoint, ...] = ()
         self._snapshot = RuntimeSnapshot(0, ())
         self._listeners: list[Listener] = []
@@ -229,6 +254,8 @@ class KubernetesRuntime:
     async def _run(self) -> None:
         if self._by_service:
             self._spawn(self.watch.run(), "k8s-endpointslices")
+            if self.nodes is not None:
+                self._spawn(self.nodes.run(), "k8s-nodes")
         if self.leader is not None:
             self.leader.subscribe(self._leadership_changed)
             self._spawn(self.leader.run(), "k8s-leader-election")
@@ -270,6 +297,26 @@ class KubernetesRuntime:
     def _slices_changed(self, slices: Slices) -> None:
         self._pods = pod_endpoints(slices.values(), self._by_service)
         self._wake.set()
+        self._publish()
+
+    def _nodes_changed(self, nodes: Nodes) -> None:
+        rules = self.settings.reclaim
+        assert rules is not None
+        now = self._wall()
+        old, self._reclaims = (
+            self._reclaims,
+            keep_first(self._reclaims, node_reclaims(nodes.values(), rules, now)),
+        )
+        for node, reclaim in self._reclaims.items():
+            if old.get(node) != reclaim:
+                pods = ", ".join(p.name for p in self._pods if p.node == node) or "none of ours"
+                logger.warning(
+                    "node %s is being taken back (%s) in %.0f s; its pods: %s",
+                    node,
+                    reclaim.reason,
+                    max(0.0, reclaim.at - now),
+                    pods,
+                )
         self._publish()
 
     async def _read_scales(self) -> bool:
@@ -415,7 +462,9 @@ class KubernetesRuntime:
             for pod in self._pods:
                 if pod.pool == spec.name:
                     shown = PodState.TERMINATING if pod.name in state.draining else pod.state
-                    replicas.append(_status(spec, ReplicaId(pod.name), pod.url, shown))
+                    reclaim = self._reclaims.get(pod.node) if pod.node is not None else None
+                    at = None if reclaim is None else reclaim.at
+                    replicas.append(_status(spec, ReplicaId(pod.name), pod.url, shown, at))
                     live += shown is not PodState.TERMINATING
             wanted = state.desired.count if state.desired is not None else state.scale
             desired[spec.name] = spec.replicas if wanted is None else wanted
@@ -459,7 +508,13 @@ def _unseen(spec: PoolSpec, count: int) -> list[ReplicaStatus]:
     ]
 
 
-def _status(spec: PoolSpec, name: ReplicaId, url: str | None, pod: PodState) -> ReplicaStatus:
+def _status(
+    spec: PoolSpec,
+    name: ReplicaId,
+    url: str | None,
+    pod: PodState,
+    reclaim_at: float | None = None,
+) -> ReplicaStatus:
     state, phase = _STATE[pod]
     return ReplicaStatus(
         name=name,
@@ -473,4 +528,5 @@ def _status(spec: PoolSpec, name: ReplicaId, url: str | None, pod: PodState) -> 
         restarts=0,
         log=None,
         last_error=None,
+        reclaim_at=reclaim_at,
     )

@@ -6,6 +6,7 @@ each pool), as plain dicts that ``yaml.safe_dump`` writes as they are::
 
     Namespace               gpufleet
     ServiceAccount, Role, RoleBinding, ConfigMap, Deployment, Service    gpufleet-gateway
+    ClusterRole, ClusterRoleBinding      gpufleet-gateway-<namespace>  (watch_nodes, any pool)
     Deployment, Service (headless), PodDisruptionBudget                  per sim/vllm pool
     ServiceMonitor          gpufleet-gateway, gpufleet-engines          (service_monitor=True)
     ConfigMap               gpufleet-dashboards: Grafana's dashboard     (grafana=True)
@@ -73,6 +74,7 @@ ENGINE_LABEL: Final = "gpufleet/engine"
 FLEET_HASH: Final = "gpufleet/fleet-sha256"
 """Pod-template annotation: a changed fleet file rolls the gateway's pods."""
 
+RBAC_GROUP: Final = "rbac.authorization.k8s.io"
 _NAME_MAX: Final = 63
 _LABEL: Final = re.compile(r"[a-z]([a-z0-9-]*[a-z0-9])?")
 
@@ -92,6 +94,9 @@ class ClusterFleet:
     gateway_replicas: int = 1
     """One without a shared store; two when the fleet file names a Redis (``gateway.redis_url``),
     so that one gateway pod can be lost or rolled while the other serves."""
+    watch_nodes: bool = True
+    """The gateway watches the cluster's nodes for reclaims (``runtime.reclaim.enabled``):
+    nodes are cluster-scoped, so that takes a ClusterRole."""
 
     def __post_init__(self) -> None:
         if self.drain_s < 0:
@@ -169,6 +174,12 @@ class _Context:
         return {"name": name, "namespace": self.namespace, "labels": dict(labels)}
 
 
+def cluster_role_name(namespace: str) -> str:
+    """The gateway's ClusterRole and ClusterRoleBinding: cluster-scoped, so named after the
+    namespace too (two fleets in two namespaces get one each)."""
+    return f"{GATEWAY}-{namespace}"
+
+
 def _labels(component: str, **more: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/part-of": PART_OF,
@@ -222,6 +233,7 @@ def _gateway(ctx: _Context, fleet: ClusterFleet, deployments: Sequence[str]) -> 
             },
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         ]
+    cluster_rbac = _cluster_rbac(ctx, labels) if fleet.watch_nodes and deployments else []
     fleet_hash = hashlib.sha256(fleet.fleet_yaml.encode()).hexdigest()
     container = {
         "name": "gateway",
@@ -253,6 +265,7 @@ def _gateway(ctx: _Context, fleet: ClusterFleet, deployments: Sequence[str]) -> 
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": GATEWAY},
             "subjects": [{"kind": "ServiceAccount", "name": GATEWAY, "namespace": ctx.namespace}],
         },
+        *cluster_rbac,
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -290,6 +303,28 @@ def _gateway(ctx: _Context, fleet: ClusterFleet, deployments: Sequence[str]) -> 
                 "selector": selector,
                 "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
             },
+        },
+    ]
+
+
+def _cluster_rbac(ctx: _Context, labels: Mapping[str, str]) -> list[Manifest]:
+    """Read access to nodes (cluster-scoped: a Role cannot grant it): the reclaim watch lists
+    and watches them, and reads nothing else of the cluster."""
+    name = cluster_role_name(ctx.namespace)
+    meta = {"name": name, "labels": dict(labels)}  # no namespace: cluster-scoped
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": GATEWAY, "namespace": ctx.namespace}],
         },
     ]
 
