@@ -20,10 +20,10 @@ def reclaim(**settings: object) -> ReclaimConfig:
     return fleet.runtime.reclaim
 
 
-def test_the_defaults_watch_the_well_known_taints_and_cordons_with_30_s_of_notice() -> None:
+def test_the_defaults_watch_the_well_known_taints_not_cordons_with_30_s_of_notice() -> None:
     default = parse_fleet({"models": MODELS}).runtime.reclaim
     assert default == reclaim() == ReclaimConfig()
-    assert (default.enabled, default.cordon, default.notice_s) == (True, True, 30.0)
+    assert (default.enabled, default.cordon, default.notice_s) == (True, False, 30.0)
     assert default.taints == DEFAULT_RECLAIM_TAINTS
     assert {(t.key, t.value, t.notice_s) for t in default.taints} == {
         ("cloud.google.com/impending-node-termination", None, None),

@@ -77,9 +77,11 @@ class ReclaimConfig(_Strict):
     """Watch the cluster's nodes (a ClusterRole: ``gpufleet deploy k8s`` renders it)."""
     taints: tuple[ReclaimTaintConfig, ...] = DEFAULT_RECLAIM_TAINTS
     """The taints that count; a list given here replaces the defaults."""
-    cordon: bool = True
+    cordon: bool = False
     """A cordoned node (``spec.unschedulable``: ``kubectl cordon``, ``kubectl drain``)
-    counts too: a cordoned spot node is drained next."""
+    counts too. Off by default: the termination handlers taint as well, and an
+    operator's cordon alone (for maintenance, then an uncordon) would take the pods out
+    of routing until they are replaced (a notice is not taken back)."""
     notice_s: float = Field(DEFAULT_NOTICE_S, ge=0.0, le=MAX_NOTICE_S, allow_inf_nan=False)
     """Seconds of notice of a cordon and of a taint that names none."""
 

@@ -117,8 +117,7 @@ class LiveControl:
         self.timeline = Timeline(clock, wall)
         """Ejections and acting scale decisions, for the console (``/admin/events``)."""
         self._models = {m.name: m for m in config.models}
-        self._clock = clock
-        self._wall = wall
+        self._clock, self._wall = clock, wall
         self._on_gone = on_gone
         self._waiters: dict[str, asyncio.Future[Decision]] = {}
         self._early: dict[str, Decision] = {}
@@ -146,10 +145,9 @@ class LiveControl:
         """Those of them a :class:`Recall` ended (a batch line's slot went to interactive)."""
         self.on_rollout: Callable[[float, RolloutStep], None] | None = None
         """Where RolloutStep commands go (``_rollouts.RolloutShell``)."""
-        self.times_first_tokens = self.control.times_first_tokens
-        """Whether ``Finished`` tells the request's TTFT (the batch gate's guard reads it)."""
-        self.first_bytes: dict[str, float] = {}
-        """Each request's TTFT, from its first byte to its ``Finished`` (when timed)."""
+        self.first_bytes: dict[str, float] | None = {} if self.control.times_first_tokens else None
+        """Each request's TTFT, from its first byte to its ``Finished``, when the controller
+        reads it (the batch gate's TTFT guard; ``None``: it does not)."""
         self.sampled: frozenset[str] = frozenset()
         """The pools a rollout watches: their requests' latencies are sampled."""
         self._samples: dict[str, tuple[list[float], list[float]]] = {}
@@ -496,7 +494,7 @@ class LiveControl:
     def first_byte(self, rid: str, ttft: float) -> None:
         """Request ``rid``'s answer began ``ttft`` seconds after it arrived: told with its
         ``Finished`` when the controller reads it (the batch gate's TTFT guard)."""
-        if self.times_first_tokens:
+        if self.first_bytes is not None:
             self.first_bytes[rid] = ttft
 
     def gone(self, model: str, rid: str) -> None:

@@ -28,6 +28,8 @@ NOW = 1_750_000_000.0
 """The wall clock, in Unix seconds."""
 DEFAULTS = reclaim_rules(ReclaimConfig())
 assert DEFAULTS is not None
+CORDONS = ReclaimRules(DEFAULTS.taints, cordon=True, notice_s=30.0)
+"""The defaults, with cordons counted (``cordon: true``)."""
 
 
 def node(name: str = "n1", *taints: dict[str, Any], unschedulable: bool | None = None) -> Any:
@@ -87,9 +89,8 @@ def test_unrelated_taints_and_values_are_ignored() -> None:
 
 def test_a_cordon_counts_only_when_the_rules_say_so() -> None:
     cordoned = [node("n1", unschedulable=True)]
-    assert node_reclaims(cordoned, DEFAULTS, NOW) == {"n1": Reclaim(NOW + 30.0, CORDON)}
-    off = ReclaimRules(DEFAULTS.taints, cordon=False, notice_s=30.0)
-    assert node_reclaims(cordoned, off, NOW) == {}
+    assert node_reclaims(cordoned, DEFAULTS, NOW) == {}  # off by default
+    assert node_reclaims(cordoned, CORDONS, NOW) == {"n1": Reclaim(NOW + 30.0, CORDON)}
 
 
 def test_time_added_starts_the_clock_within_zero_and_the_notice() -> None:
@@ -144,14 +145,14 @@ def test_a_node_that_matches_several_ways_goes_at_the_soonest() -> None:
     ],
 )
 def test_a_malformed_node_is_skipped_and_does_not_stop_the_others(bad: Any) -> None:
-    found = node_reclaims([bad, node("n1", unschedulable=True)], DEFAULTS, NOW)
+    found = node_reclaims([bad, node("n1", unschedulable=True)], CORDONS, NOW)
     assert found == {"n1": Reclaim(NOW + 30.0, CORDON)}
     assert trim_node(bad if isinstance(bad, dict) else {}) is not None
 
 
 def test_keep_first_holds_the_first_deadline_until_a_sooner_one_or_the_end() -> None:
-    first = node_reclaims([node("n1", unschedulable=True)], DEFAULTS, NOW)
-    later = node_reclaims([node("n1", unschedulable=True)], DEFAULTS, NOW + 5)
+    first = node_reclaims([node("n1", unschedulable=True)], CORDONS, NOW)
+    later = node_reclaims([node("n1", unschedulable=True)], CORDONS, NOW + 5)
     assert keep_first(first, later) == first  # seen again: the clock did not start over
     sooner = {"n1": Reclaim(NOW + 1, "node.kubernetes.io/out-of-service")}
     assert keep_first(first, sooner) == sooner

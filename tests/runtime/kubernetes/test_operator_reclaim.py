@@ -43,7 +43,7 @@ SVC = "llama-3-1-8b"
 GKE = "cloud.google.com/impending-node-termination"
 NOW = 1_750_000_000.0
 """The wall clock the operator and the gateway read (Unix seconds), moved by the test."""
-RULES = reclaim_rules(ReclaimConfig())  # the fleet file's defaults
+RULES = reclaim_rules(ReclaimConfig(cordon=True))  # the fleet file's defaults, and cordons
 FAST = OperatorSettings(
     resync_s=0.5, drain_timeout_s=5.0, probe_interval_s=0.01, retry_s=0.02, reclaim=RULES
 )
