@@ -16,11 +16,12 @@ import typer
 
 from gpufleet.cli._errors import user_errors
 from gpufleet.cli._up_cmd import pool_spec
-from gpufleet.config import DEFAULT_FLEET, FleetConfig, load_fleet
+from gpufleet.config import DEFAULT_FLEET, FleetConfig, SpotFallback, load_fleet, node_label
 from gpufleet.runtime.kubernetes import (
     GATEWAY_IMAGE,
     VLLM_TAG,
     ClusterFleet,
+    SpotPlacement,
     dashboard_json,
     manifest_files,
     notes,
@@ -48,6 +49,11 @@ def cluster_fleet(config: FleetConfig, fleet_yaml: str) -> ClusterFleet:
         drain_s=math.ceil(config.gateway.timeouts.first_byte),
         gateway_replicas=2 if config.gateway.redis_url is not None else 1,
         watch_nodes=config.runtime.reclaim.enabled,
+        spot={
+            m.name: SpotPlacement(*node_label(spot.node_label), spot.fallback is SpotFallback.WAIT)
+            for m in config.models
+            if (spot := m.spot_settings) is not None
+        },
     )
 
 

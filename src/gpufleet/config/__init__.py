@@ -37,6 +37,7 @@ from gpufleet.config._reclaim import (
     DEFAULT_RECLAIM_TAINTS,
     ReclaimConfig,
     ReclaimTaintConfig,
+    node_label,
 )
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "field_path",
     "is_loopback",
     "load_fleet",
+    "node_label",
     "parse_fleet",
     "set_field",
 ]

@@ -43,7 +43,7 @@ from pydantic import (
 )
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
-from gpufleet.config._reclaim import ReclaimConfig
+from gpufleet.config._reclaim import ReclaimConfig, node_label
 from gpufleet.config._residency import DEFAULT_MEMORY, check_slots
 from gpufleet.fleet import ReplicaProfile
 from gpufleet.policy import (
@@ -157,6 +157,17 @@ class SpotConfig(_Strict):
     fallback: SpotFallback = SpotFallback.WAIT
     """A reclaimed replica's replacement when no spot GPU is to be had: ``wait`` for one,
     or stand in with ``on_demand`` capacity until spot is back (docs/spot.md)."""
+    node_label: str = "karpenter.sh/capacity-type=spot"
+    """The label of the cluster's spot nodes (``gpufleet deploy k8s``): the pool's pods
+    require it (``fallback: wait``) or prefer it (``on_demand``). Karpenter's by default;
+    GKE ``cloud.google.com/gke-spot=true``, EKS node groups
+    ``eks.amazonaws.com/capacityType=SPOT``, AKS ``kubernetes.azure.com/scalesetpriority=spot``."""
+
+    @field_validator("node_label")
+    @classmethod
+    def _node_label(cls, text: str) -> str:
+        node_label(text)
+        return text
 
 
 def _existing_file(path: str) -> str:

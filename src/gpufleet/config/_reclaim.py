@@ -25,6 +25,15 @@ _KEY_MAX: Final = 253 + 1 + 63
 _VALUE: Final = re.compile(rf"({_NAME})?")
 
 
+def node_label(text: str) -> tuple[str, str]:
+    """``key=value``, a node label (``ValueError`` unless the key is a label key and the
+    value a label value)."""
+    key, eq, value = text.partition("=")
+    if not eq or not _KEY.fullmatch(key) or len(key) > _KEY_MAX or not _VALUE.fullmatch(value):
+        raise ValueError(f"{text!r} is not a node label (key=value, as Kubernetes labels are)")
+    return key, value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

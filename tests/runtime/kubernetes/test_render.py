@@ -22,6 +22,7 @@ from gpufleet.runtime.kubernetes import (
     GPU_PRODUCT_LABEL,
     GPU_PRODUCTS,
     GPU_RESOURCE,
+    SPOT_TOLERATIONS,
     ClusterFleet,
     Manifest,
     gpu_product,
@@ -385,3 +386,82 @@ def test_bad_namespace_and_unknown_gpu_label_are_value_errors(gpu_fleet: Cluster
     amd = PoolSpec("big", EngineSpec(model="x/y", kind=EngineKind.VLLM, gpu="mi300x"), replicas=1)
     with pytest.raises(ValueError, match="mi300x"):
         render(ClusterFleet((amd,), "models: []\n"))
+
+
+SPOT_FLEET = """\
+models:
+  - name: llama-od
+    model: meta-llama/Llama-3.1-8B-Instruct
+    engine: vllm
+    gpu: l40s
+  - name: llama-spot-wait
+    model: meta-llama/Llama-3.1-8B-Instruct
+    engine: vllm
+    gpu: l40s
+    capacity: spot
+  - name: llama-spot-fallback
+    model: meta-llama/Llama-3.1-8B-Instruct
+    engine: vllm
+    gpu: l40s
+    capacity: spot
+    spot: {fallback: on_demand, node_label: cloud.google.com/gke-spot=true}
+  - name: sim-spot
+    model: llama-3.1-8b
+    engine: sim
+    capacity: spot
+"""
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_spot_pools_require_or_prefer_spot_nodes_as_their_fallback_says(
+    tmp_path: Path, version: str
+) -> None:
+    """``spot.fallback: wait``: the pods require spot nodes (none to be had: they wait,
+    Pending); ``on_demand``: they prefer them, so the scheduler and the node provisioner
+    place them on other nodes when no spot node can be had. Both tolerate the clouds'
+    spot taints; an on-demand pool is left as it was."""
+    path = tmp_path / "spot.yaml"
+    path.write_text(SPOT_FLEET)
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objects = render(fleet_from(path))
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+    def pod(name: str) -> dict[str, Any]:
+        spec: dict[str, Any] = _find(objects, "Deployment", name)["spec"]["template"]["spec"]
+        return spec
+
+    gpu = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": ["NVIDIA-L40S"]}
+    karpenter = {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}
+    waits = pod("llama-spot-wait")["affinity"]["nodeAffinity"]
+    assert waits["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [gpu, karpenter]}
+    ]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in waits
+    falls_back = pod("llama-spot-fallback")["affinity"]["nodeAffinity"]
+    assert falls_back["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [gpu]}
+    ]
+    gke = {"key": "cloud.google.com/gke-spot", "operator": "In", "values": ["true"]}
+    assert falls_back["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {"weight": 100, "preference": {"matchExpressions": [gke]}}
+    ]
+    sim = pod("sim-spot")["affinity"]["nodeAffinity"]  # no GPU term: the spot one alone
+    assert sim["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [karpenter]}
+    ]
+    for name in ("llama-spot-wait", "llama-spot-fallback", "sim-spot"):
+        assert all(t in pod(name)["tolerations"] for t in SPOT_TOLERATIONS)
+    on_demand = pod("llama-od")
+    assert (
+        "preferredDuringSchedulingIgnoredDuringExecution"
+        not in on_demand["affinity"]["nodeAffinity"]
+    )
+    assert not any(t in on_demand["tolerations"] for t in SPOT_TOLERATIONS)
+
+
+@pytest.mark.parametrize("label", ["spot", "=spot", "karpenter.sh/capacity-type=sp ot"])
+def test_a_spot_node_label_that_is_no_label_is_a_fleet_file_error(label: str) -> None:
+    model = {"name": "m", "capacity": "spot", "spot": {"node_label": label}}
+    with pytest.raises(ValueError, match="is not a node label"):
+        parse_fleet({"models": [model]})

@@ -31,7 +31,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gpufleet.runtime._spec import EngineKind, EngineSpec, PoolSpec
@@ -80,6 +80,27 @@ _LABEL: Final = re.compile(r"[a-z]([a-z0-9-]*[a-z0-9])?")
 
 
 @dataclass(frozen=True, slots=True)
+class SpotPlacement:
+    """Where a spot pool's pods go: nodes labelled ``label=value`` (a node pool's capacity
+    type), as a requirement (``spot.fallback: wait``: no spot node, no pod) or a preference
+    (``on_demand``: the scheduler and the node provisioner fall back to other nodes)."""
+
+    label: str
+    value: str
+    required: bool
+
+
+SPOT_TOLERATIONS: Final = (
+    {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+     "effect": "NoSchedule"},
+    {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
+     "effect": "NoSchedule"},
+)  # fmt: skip
+"""The taints clouds may put on their spot nodes (GKE when asked; AKS always): a spot
+pool's pods tolerate them."""
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterFleet:
     """What ``render`` needs from a fleet file, as plain data (the runtime reads no config).
 
@@ -97,6 +118,8 @@ class ClusterFleet:
     watch_nodes: bool = True
     """The gateway watches the cluster's nodes for reclaims (``runtime.reclaim.enabled``):
     nodes are cluster-scoped, so that takes a ClusterRole."""
+    spot: Mapping[str, SpotPlacement] = field(default_factory=dict)
+    """The ``capacity: spot`` pools, by name, and the nodes they go to."""
 
     def __post_init__(self) -> None:
         if self.drain_s < 0:
@@ -124,7 +147,7 @@ def render(
     objects: list[Manifest] = [_namespace(namespace)]
     objects += _gateway(ctx, fleet, [names[p.name] for p in pools])
     for pool in pools:
-        objects += _pool(ctx, pool, names[pool.name])
+        objects += _pool(ctx, pool, names[pool.name], fleet.spot.get(pool.name))
     if service_monitor:
         objects += [
             _service_monitor(ctx, GATEWAY, "gateway"),
@@ -332,12 +355,16 @@ def _cluster_rbac(ctx: _Context, labels: Mapping[str, str]) -> list[Manifest]:
 # --- one pool of engine replicas -------------------------------------------------------------
 
 
-def _pool(ctx: _Context, pool: PoolSpec, name: str) -> list[Manifest]:
+def _pool(
+    ctx: _Context, pool: PoolSpec, name: str, spot: SpotPlacement | None = None
+) -> list[Manifest]:
     engine = pool.engine
     labels = _labels("engine", **{POOL_LABEL: pool.name, ENGINE_LABEL: engine.kind.value})
     selector = {COMPONENT_LABEL: "engine", POOL_LABEL: pool.name}
     meta = ctx.meta(name, labels)
     pod = _vllm_pod(ctx, pool) if engine.kind is EngineKind.VLLM else _sim_pod(ctx, pool)
+    if spot is not None:
+        _on_spot(pod, spot)
     return [
         {
             "apiVersion": "apps/v1",
@@ -372,6 +399,25 @@ def _pool(ctx: _Context, pool: PoolSpec, name: str) -> list[Manifest]:
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
         },
     ]
+
+
+def _on_spot(pod: dict[str, Any], spot: SpotPlacement) -> None:
+    """Send a spot pool's pods to spot nodes: required, or preferred (then the scheduler,
+    and a node provisioner such as Karpenter, fall back to on-demand nodes when no spot one
+    can be had: ``spot.fallback: on_demand``, docs/spot.md). They tolerate spot taints."""
+    expression = {"key": spot.label, "operator": "In", "values": [spot.value]}
+    affinity = pod.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    if spot.required:
+        required = affinity.setdefault(
+            "requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": [{}]}
+        )
+        for term in required["nodeSelectorTerms"]:  # every term (they are ORed)
+            term.setdefault("matchExpressions", []).append(expression)
+    else:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": 100, "preference": {"matchExpressions": [expression]}}
+        ]
+    pod["tolerations"] = [*pod.get("tolerations", []), *SPOT_TOLERATIONS]
 
 
 def vllm_args(pool: PoolSpec, drain_s: int) -> list[str]:
