@@ -238,8 +238,9 @@ class PoolController:
         self.adapters = None if settings.lora is None else PoolAdapters(settings.lora)
         """Its LoRA adapters on its replicas (``None``: it serves none)."""
         self.spare = None if settings.spare is None else SpareCapacity(settings.spare)
-        self._guard = None if self.spare is None else self.spare.guard
         """The gate of the batch class (docs/batch.md, "Spare capacity")."""
+        self._guard = None if self.spare is None else self.spare.guard
+        """Its TTFT guard, told each interactive request's TTFT (``None``: none asked)."""
         self.batch_in_flight = 0
         """Batch requests let through the gate and not yet ended."""
         self._recalls = settings.spare is not None and settings.spare.recall

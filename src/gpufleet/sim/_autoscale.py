@@ -346,7 +346,9 @@ class Autoscaling:
         for inst in self.instances:
             if inst.model != model or inst.phase is Phase.GONE:
                 continue
-            if inst.phase is Phase.SERVING:
+            if not inst.capacity[-1][1]:  # reclaimed, waiting for spot GPUs: to come
+                out["starting"] += 1
+            elif inst.phase is Phase.SERVING:
                 out["serving"] += 1
             elif inst.phase in STARTING_PHASES:
                 out["starting"] += 1
@@ -365,7 +367,10 @@ class Autoscaling:
         return max(0.0, left - inst.serving_at)
 
     def charged_gpus(self) -> int:
-        return sum(i.gpus for i in self.instances if i.phase is not Phase.GONE)
+        """GPUs billed now: every replica's that has a node (not gone, not waiting)."""
+        return sum(
+            i.gpus for i in self.instances if i.phase is not Phase.GONE and i.capacity[-1][1]
+        )
 
     def set_capacity(self, now: float, replica: ReplicaId, capacity: str) -> None:
         """``replica``'s node is ``capacity`` from ``now`` (``""``: it has none)."""
