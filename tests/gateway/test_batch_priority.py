@@ -27,9 +27,14 @@ FAST, PLAIN = "priority-pool", "fcfs-pool"
 
 
 @contextmanager
-def tapped_engine(policy: str, seen: list[dict[str, Any]]) -> Iterator[str]:
+def tapped_engine(
+    policy: str, seen: list[dict[str, Any]], cuts: list[int | None] | None = None
+) -> Iterator[str]:
     """A sim engine serving ``llama-3.1-8b`` under both pool names' requests, with the
-    scheduling ``policy``; every chat body it is sent is appended to ``seen`` first."""
+    scheduling ``policy``; every chat body it is sent is appended to ``seen`` first.
+    ``cuts``: ``[n]``, shared by engines: the first stream any of them answers breaks after
+    ``n`` body chunks (the connection cut, as a replica that dies mid-answer)."""
+    cuts = cuts if cuts is not None else [None]
     engine = create_app(
         SimEngineConfig(time_scale=50.0, max_model_len=4096, scheduling_policy=policy)  # type: ignore[arg-type]
     )
@@ -55,7 +60,22 @@ def tapped_engine(policy: str, seen: list[dict[str, Any]]) -> Iterator[str]:
                 return {"type": "http.request", "body": rewritten, "more_body": False}
             return await receive()
 
-        await engine(scope, again, send)
+        left = cuts[0] if data.get("stream") else None
+        if left is None:
+            await engine(scope, again, send)
+            return
+        cuts[0] = None  # only the first stream
+
+        async def cutting(message: Any) -> None:
+            nonlocal left
+            if message["type"] == "http.response.body":
+                assert left is not None
+                if left == 0:
+                    raise ConnectionResetError("the tap cut this stream")
+                left -= 1
+            await send(message)
+
+        await engine(scope, again, cutting)
 
     with serve_app(tap) as url:
         yield url
@@ -126,3 +146,41 @@ def test_an_fcfs_sim_engine_refuses_a_priority_as_vllm_does() -> None:
         assert error["param"] == "priority"
     with tapped_engine("priority", []) as url:
         assert httpx.post(url + CHAT, json=body).status_code == 200
+
+
+def test_a_batch_class_stream_resumes_with_its_engine_priority(tmp_path: Path) -> None:
+    """A batch-class tenant's stream breaks after its first bytes (the engine's connection
+    cut by the tap) and resumes on the pool's other replica: the resumed attempt's body
+    (the prompt and what the client already has) carries ``priority`` 1 as the first did,
+    and the client's stream ends whole."""
+    fleet = parse_fleet(
+        {
+            "models": [{"name": FAST, "model": "llama-3.1-8b", "replicas": 2,
+                        "args": ["--scheduling-policy", "priority"]}],
+            "tenants": {"auth": True, "refresh_interval": 0.2},
+        }
+    )  # fmt: skip
+    seen: list[dict[str, Any]] = []
+    cut: list[int | None] = [3]  # the first stream either engine answers
+    with ExitStack() as stack:
+        urls = [
+            stack.enter_context(tapped_engine("priority", seen, cut)),
+            stack.enter_context(tapped_engine("priority", seen, cut)),
+        ]
+        gw = stack.enter_context(serve_batch_gateway(tmp_path, fleet, urls, pools=[FAST, FAST]))
+        batch_key = key_for(gw, "nightly", TenantSettings(priority="batch"))
+        with openai.OpenAI(base_url=gw.v1, api_key=batch_key, max_retries=0) as client:
+            stream = client.chat.completions.create(
+                model=FAST,
+                messages=[{"role": "user", "content": "cut-me"}],
+                max_tokens=40,
+                stream=True,
+            )
+            chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert len(text.split()) >= 30  # the whole answer, spliced across the two replicas
+    bodies = [b for b in seen if b["messages"][0]["content"] == "cut-me"]
+    assert len(bodies) == 2  # the first attempt and its resume
+    assert bodies[1] != bodies[0]  # the resume: the prompt and the answer so far
+    assert [b.get("priority") for b in bodies] == [1, 1]

@@ -522,6 +522,8 @@ class Gateway:
                     if decision.resume:
                         assert state is not None
                         body_now = state.body if keep else _for_pool(state.body, pool, model)
+                        if decision.priority:  # a batch-class stream resumes as it began
+                            body_now = _lowered({}, pool, body_now, decision.priority)
                         status, outcome, broke = await self._resume(
                             UpstreamRequest(url, path, body_now, sent),
                             state,
