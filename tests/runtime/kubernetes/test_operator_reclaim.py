@@ -15,7 +15,7 @@ import dataclasses
 import datetime as dt
 import io
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,6 +36,7 @@ from gpufleet.runtime.kubernetes import (
 )
 
 from .fake_api import FakeKubeApi, serving
+from .test_operator import eventually, until
 
 NS = "gpufleet"
 POOL = "llama-3.1-8b"
@@ -118,19 +119,6 @@ def states(control: LiveControl) -> dict[str, ReplicaState]:
 
 def reclaim_at(snapshot: RuntimeSnapshot) -> dict[str, float | None]:
     return {r.name: r.reclaim_at for r in snapshot.replicas if r.url is not None}
-
-
-async def until(
-    runtime: KubernetesRuntime, predicate: Callable[[RuntimeSnapshot], bool]
-) -> RuntimeSnapshot:
-    async with asyncio.timeout(5):
-        return await runtime.wait_for(predicate)
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.01)
 
 
 async def seen_all(fake: FakeKubeApi, runtime: KubernetesRuntime) -> None:

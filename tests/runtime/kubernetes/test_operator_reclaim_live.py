@@ -36,6 +36,7 @@ from tests.gateway.test_hang_live import Client, loop
 
 from .cluster import gateway_up
 from .fake_api import FakeKubeApi, serving
+from .test_operator_autoscale import running as in_flight
 
 pytestmark = pytest.mark.asyncio
 
@@ -98,17 +99,6 @@ def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as sock:
         port: int = sock.getsockname()[1]
     return port
-
-
-async def in_flight(ip: str, port: int) -> int:
-    """Requests running or waiting in the engine at ``ip:port`` (its own /metrics)."""
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"http://{ip}:{port}/metrics")).text
-    return sum(
-        int(float(line.split()[-1]))
-        for line in text.splitlines()
-        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
-    )
 
 
 async def metric(base: str, name: str, **labels: str) -> float:
