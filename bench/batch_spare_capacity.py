@@ -2,6 +2,7 @@
 the fleet's idle capacity the batch uses (issue 17).
 
     PYTHONPATH=src:. .venv/bin/python bench/batch_spare_capacity.py   # ~5 min on 2 cores
+    ... --targets 0.9 --recall on --margin none,0.1   # the TTFT guard (ttft_margin) beside
 
 Two sim replicas (``gpufleet engine sim`` processes, ``--max-num-seqs 16``, time scale
 0.25) behind the gateway with auth on, every request of one shape (100-word prompt, 48
@@ -44,24 +45,34 @@ def main() -> None:
     parser.add_argument("--recall", default="on,off", help="recall settings to run: on, off")
     parser.add_argument("--time-scale", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--margin", default="none", help="ttft_margin settings to run: none, or a share"
+    )
     args = parser.parse_args()
     targets = [float(t) for t in args.targets.split(",")]
     recalls = [r.strip() == "on" for r in args.recall.split(",")]
+    margins = [None if m.strip() == "none" else float(m) for m in args.margin.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         result = run_spare(
             Path(tmp),
             duration=args.duration,
             lines=args.lines,
             time_scale=args.time_scale,
-            spares=tuple({"target": t, "recall": r} for r in recalls for t in targets),
+            spares=tuple(
+                {"target": t, "recall": r, "ttft_margin": m}
+                for m in margins
+                for r in recalls
+                for t in targets
+            ),
             seed=args.seed,
         )
     show(result)
-    plot(result, RESULT.with_suffix(".png"))
+    out = RESULT if margins == [None] else RESULT.with_stem(RESULT.stem + "_ttft_guard")
+    plot(result, out.with_suffix(".png"))
     for run in result["with_batch"]:
         run["series"] = run["series"][::10]  # every 0.2 s in the JSON; the plot has all
-    RESULT.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {RESULT} and {RESULT.with_suffix('.png')}")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
 def show(result: dict[str, Any]) -> None:
@@ -77,7 +88,7 @@ def show(result: dict[str, Any]) -> None:
         f" {alone[-1]['ttft_ms']['p99']} ms (ratio {result['alone_again_p99_ratio']})"
     )
     table = Table(title="interactive at 50 % + a batch, by gate target")
-    columns = ("recall", "target", "TTFT P50 ms", "TTFT P99 ms", "P99 ratio", "batch/s",
+    columns = ("recall", "target", "margin", "TTFT P50 ms", "TTFT P99 ms", "P99 ratio", "batch/s",
                "share of idle", "recalled")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="right")
@@ -86,6 +97,7 @@ def show(result: dict[str, Any]) -> None:
         table.add_row(
             "on" if run["spare"]["recall"] else "off",
             f"{run['spare']['target']:.2f}",
+            str(run["spare"]["ttft_margin"]),
             str(ttft["p50"]),
             str(ttft["p99"]),
             str(run["ttft_p99_ratio"]),
@@ -106,7 +118,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for run in runs:
         recall = "recall" if run["spare"]["recall"] else "no recall"
-        label = f"target {run['spare']['target']:.2f}, {recall}"
+        margin = run["spare"]["ttft_margin"]
+        label = f"target {run['spare']['target']:.2f}, {recall}" + (
+            f", margin {margin}" if margin is not None else ""
+        )
         point = left.scatter(run["batch_share_of_idle"], run["ttft_p99_ratio"], s=50)
         left.annotate(label, (run["batch_share_of_idle"], run["ttft_p99_ratio"]), fontsize=8)
         rows = run["series"]

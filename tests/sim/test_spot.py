@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from gpufleet.cli import app
 from gpufleet.config import FleetConfig, parse_fleet
 from gpufleet.control import read_recording, replay
 from gpufleet.sim import FleetSimulation, SimOptions, parse_fault
@@ -275,3 +278,27 @@ def test_an_autoscaler_short_of_spot_gpus_waits_or_buys_on_demand(fallback: str)
         stood = {sim.replica_ids.index(i.id) for i in bought}
         assert not stood & {replica for replica, _, _ in sim.faults.notices}
     assert report["overall"]["failed"] == 0
+
+
+def test_gpufleet_simulate_shows_the_stand_ins(tmp_path: Path) -> None:
+    """The CLI on the spot example with an outage: the summary counts the on-demand
+    stand-ins and the moves back, report.json prices the spot pool's hours by node."""
+    trace = tmp_path / "t.jsonl"
+    rows = [{"arrival_s": 0.1 * i, "input_tokens": 300, "output_tokens": 40} for i in range(600)]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    example = Path(__file__).parents[2] / "examples" / "spot-batch.yaml"
+    out = tmp_path / "run"
+    args = [
+        "simulate", "--fleet", str(example), "--trace", str(trace), "--out", str(out),
+        "--batch", "400:at=0,model=llama-3.1-8b,window=3600", "--no-plots",
+        "--fault", "spot:per_gpu_hour=200,notice_s=5,startup_s=5",
+        "--fault", "spot_outage:from=0,to=30",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "on-demand stand-ins / back to spot" in result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["faults"]["on_demand_stand_ins"] >= 1
+    assert (
+        report["cost"]["models"]["llama-3.1-8b-spot"]["by_capacity"]["on_demand"]["gpu_hours"] > 0
+    )

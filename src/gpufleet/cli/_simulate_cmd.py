@@ -208,6 +208,13 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ejections = faults["ejections"]
         if faults["preemptions"]:
             rows.append(("spot preemptions", f"{faults['preemptions']:,}"))
+        if faults["on_demand_stand_ins"]:  # spot.fallback: on_demand, in a shortage
+            rows.append(
+                (
+                    "on-demand stand-ins / back to spot",
+                    f"{faults['on_demand_stand_ins']:,} / {faults['moved_to_spot']:,}",
+                )
+            )
         rows.append(
             (
                 "crashes / ejections",

@@ -567,7 +567,7 @@ class LiveControl:
             )
         for upstream in fresh.values():  # after it knows each process too
             if upstream.reclaim_at is not None:
-                self._reclaimed(upstream, upstream.reclaim_at)
+                self._reclaim_notice(upstream, upstream.reclaim_at)
         for replica in gone:
             self._noticed.pop(replica.name, None)
             self.views.forget(replica.name)
@@ -578,7 +578,7 @@ class LiveControl:
             if self._on_gone is not None:
                 self._on_gone(replica)
 
-    def _reclaimed(self, replica: Upstream, at: float) -> None:
+    def _reclaim_notice(self, replica: Upstream, at: float) -> None:
         """The owner says the provider takes ``replica`` back at ``at`` (wall clock): the
         controller hears ``Preempting`` with that deadline on its own clock. Every list
         repeats the notice; each one is handed on once (again if its deadline or the
