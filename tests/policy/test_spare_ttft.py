@@ -11,20 +11,14 @@ from hypothesis import strategies as st
 
 from gpufleet.policy import SpareCapacity, SpareConfig, SpareView
 from gpufleet.policy._spare_ttft import GuardSettings, TtftGuard, p99
+from tests.policy.test_spare import view as spare_view
 
 GUARD = GuardSettings(margin=0.1, bound=None, window=60.0, samples=5, refresh=600.0, hold=10.0)
 
 
 def view(**kw: object) -> SpareView:
-    base = SpareView(
-        replicas=2,
-        max_num_seqs=10,
-        in_flight=0,
-        batch_in_flight=0,
-        batch_waiting=50,
-        gateway_waiting=0,
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    """test_spare's pool (two replicas of 10 slots), 50 lines waiting."""
+    return spare_view(**{"batch_waiting": 50, **kw})
 
 
 def test_p99_is_the_nearest_rank() -> None:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -110,15 +110,6 @@ async def metric(base: str, name: str, **labels: str) -> float:
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.split()[-1])
     return total
-
-
-async def eventually(check: Callable[[], bool], timeout: float, what: str, out: list[str]) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not check():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout} s: {what}\n{''.join(out)[-4000:]}") from None
 
 
 async def test_a_tainted_node_s_pod_under_16_clients_loses_no_request(tmp_path: Path) -> None:
