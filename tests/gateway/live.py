@@ -18,7 +18,13 @@ from typing import IO, Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from gpufleet.cli._up_cmd import RuntimeActuator, RuntimeReplicas, kv_hasher, pool_spec
+from gpufleet.cli._up_cmd import (
+    RuntimeActuator,
+    RuntimeReplicas,
+    kv_hasher,
+    pool_spec,
+    prefill_speeds,
+)
 from gpufleet.config import FleetConfig, parse_fleet
 from gpufleet.gateway import SERVER_OPTIONS, Gateway, Tenancy, create_gateway
 from gpufleet.runtime import LocalRuntime, RuntimeSettings, RuntimeSnapshot
@@ -83,6 +89,7 @@ async def live_fleet(
             record=record,
             actions=RuntimeActuator(rt),
             kv_hasher=kv_hasher(config, config.gateway.seed),
+            prefill_s=prefill_speeds(config),
         )
         sock = socket.create_server(("127.0.0.1", 0))
         server = uvicorn.Server(

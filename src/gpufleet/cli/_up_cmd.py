@@ -191,6 +191,25 @@ def _routes_on_kv_events(model: ModelConfig) -> bool:
     )
 
 
+def prefill_speeds(config: FleetConfig) -> dict[str, float]:
+    """Per pool, the performance model's seconds per prompt token of a prefill on one of
+    its replicas (its catalog model on its GPU, with its engine flags): what the controller
+    places a request with a latency budget by. A pool the model cannot price (an external
+    one, a model or flag it does not know) gets none, and no budget picks it."""
+    from gpufleet.engine.model import prefill_seconds_per_token  # noqa: PLC0415
+    from gpufleet.sim import replica_config  # noqa: PLC0415 - the simulator's own reading
+
+    speeds: dict[str, float] = {}
+    for m in config.models:
+        if m.engine.value == EngineKind.EXTERNAL.value:
+            continue
+        try:
+            speeds[m.name] = prefill_seconds_per_token(replica_config(m, config.gateway.seed))
+        except ValueError:
+            continue
+    return speeds
+
+
 def kv_hasher(config: FleetConfig, seed: int) -> KvHasher | None:
     """``(pool, body) -> engine block hashes`` for the pools ``pool_spec`` makes publish KV
     events (sim engines: their tokenizer, chat template and block size); ``None``: none."""
@@ -475,6 +494,7 @@ async def _serve(
                 actions=RuntimeActuator(runtime),  # operators' drains (the console)
                 store=open_batch_store(config, tenancy),
                 kv_hasher=kv_hasher(config, config.gateway.seed),
+                prefill_s=prefill_speeds(config),
             )
             if serving.record is not None:
                 typer.echo(f"recording control events to {serving.record.name}")
@@ -590,6 +610,7 @@ async def _serve_operator(
                 tenancy=tenancy,
                 record=serving.record,
                 store=open_batch_store(config, tenancy),
+                prefill_s=prefill_speeds(config),
             )
             await _serve_gateway(config, app, serving)
     finally:

@@ -145,7 +145,10 @@ class Arrived:
     rule is in docs/gateway.md, "Resuming a stream"; every simulated request is one).
     ``recallable``: its answer comes whole (not streamed), so an attempt can be stopped and
     the request run again from the start without the client seeing anything: a batch line
-    the spare-capacity gate may recall (docs/batch.md, "Recall").
+    the spare-capacity gate may recall (docs/batch.md, "Recall"). ``budget``: the seconds
+    to its first token the client allows (a latency class): among its served name's
+    variants it goes to the cheapest predicted to meet it (docs/fleet-file.md, "Latency
+    budgets").
     """
 
     request: RouteRequest
@@ -154,6 +157,7 @@ class Arrived:
     deadline: float | None = None
     resumable: bool = False
     recallable: bool = False
+    budget: float | None = None
 
     @property
     def model(self) -> str:
@@ -514,6 +518,7 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
             deadline=deadline,
             resumable=resumable,
             recallable=recallable,
+            budget=budget,
         ):
             line: dict[str, Any] = {
                 "kind": "arrived",
@@ -533,6 +538,8 @@ def event_to_json(event: Event) -> dict[str, Any]:  # noqa: PLR0911, PLR0912 - o
                 line["recallable"] = True
             if r.max_tokens is not None:  # absent: not said (and recordings made before)
                 line["max_tokens"] = r.max_tokens
+            if budget is not None:  # absent: no latency budget
+                line["budget"] = budget
             if r.block_hashes:  # absent: none (no KV-event routing, recordings made before)
                 line["blocks"] = list(r.block_hashes)
             return line
@@ -670,6 +677,7 @@ def _arrived(d: dict[str, Any]) -> Arrived:
         None if deadline is None else deadline,
         bool(d.get("resumable", False)),
         bool(d.get("recallable", False)),
+        None if d.get("budget") is None else float(d["budget"]),
     )
 
 

@@ -23,6 +23,7 @@ commands, which must equal the recorded ones.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any, Final
@@ -61,6 +62,7 @@ from gpufleet.control._served import (
     in_pool,
     route_in,
     served_models,
+    within_budget,
 )
 from gpufleet.control._settings import PoolSettings
 
@@ -83,6 +85,7 @@ class DecisionLog:
         admission: bool,
         autoscale: bool,
         autoscale_interval: float,
+        prefill_s: Mapping[str, float] | None = None,
     ) -> None:
         head = {
             "gpufleet_recording": RECORDING_VERSION,
@@ -92,6 +95,8 @@ class DecisionLog:
             "autoscale_interval": autoscale_interval,
             "fleet": fleet.model_dump(mode="json"),
         }
+        if prefill_s:  # absent: no latency-budget predictions (and recordings made before)
+            head["prefill_s"] = dict(prefill_s)
         self._out.write(json.dumps(head) + "\n")
 
     def write(self, now: float, event: Event, commands: list[Command]) -> None:
@@ -132,10 +137,12 @@ class FleetController:
     __slots__ = (
         "_contexts",
         "_flights",
+        "_prices",
         "fallbacks",
         "fleet",
         "log",
         "pools",
+        "prefill_s",
         "residency",
         "rollouts",
         "seed",
@@ -143,10 +150,22 @@ class FleetController:
         "touched",
     )
 
-    def __init__(self, fleet: FleetConfig, pools: Mapping[str, PoolController], seed: int) -> None:
+    def __init__(
+        self,
+        fleet: FleetConfig,
+        pools: Mapping[str, PoolController],
+        seed: int,
+        prefill_s: Mapping[str, float] | None = None,
+    ) -> None:
         self.fleet = fleet
         self.pools = dict(pools)
         self.seed = seed
+        self.prefill_s = dict(prefill_s or {})
+        """Per pool, the performance model's seconds per prompt token of a prefill on one of
+        its replicas (a shell computes them: ``control`` reads no performance model). With
+        them a request with a latency budget is placed by predicted TTFT."""
+        self._prices = {m.name: m.usd_per_gpu_hour() * m.tp for m in fleet.models}
+        """Per pool, what one replica costs, in dollars per hour (its GPUs' price × TP)."""
         self.log: DecisionLog | None = None
         """Where every event and its commands go (``--record``), or ``None``."""
         settings = {name: pool.settings for name, pool in self.pools.items()}
@@ -174,6 +193,7 @@ class FleetController:
         admission: bool | None = None,
         autoscale: bool = True,
         autoscale_interval: float | None = None,
+        prefill_s: Mapping[str, float] | None = None,
     ) -> FleetController:
         pools = {
             m.name: PoolController(
@@ -188,7 +208,7 @@ class FleetController:
             )
             for m in fleet.models
         }
-        return cls(fleet, pools, fleet.gateway.seed if seed is None else seed)
+        return cls(fleet, pools, fleet.gateway.seed if seed is None else seed, prefill_s)
 
     @property
     def admission(self) -> bool:
@@ -219,6 +239,7 @@ class FleetController:
             admission=self.admission,
             autoscale=self.autoscale,
             autoscale_interval=1.0 if first is None else first.settings.autoscale_interval,
+            prefill_s=self.prefill_s,
         )
         self.log = log
 
@@ -333,7 +354,9 @@ class FleetController:
         chain = self.served[flight.arrived.request.model].chain
         for step in range(flight.step + 1, len(chain)):
             served = self.served[chain[step]]
-            pool = choose(served, flight, self._contexts)
+            pool = choose(
+                served, flight, self._contexts, self._budgeted if self.prefill_s else None
+            )
             if pool is None:  # none it has not tried holds its prompt
                 continue
             if step == 0:  # its name's own split (not a fallback's, not a second try)
@@ -352,6 +375,31 @@ class FleetController:
             out.extend(self._follow(now, self.pools[pool].handle(now, arrived)))
             return True
         return False
+
+    def _budgeted(self, candidates: list[tuple[str, float]], flight: Flight) -> str | None:
+        """A request with a latency budget: the variant on the cheapest replicas predicted
+        to meet it (``within_budget``)."""
+        budget = flight.arrived.budget
+        assert budget is not None
+        tokens = flight.arrived.request.prompt_tokens
+        prices = self._prices
+        return within_budget(
+            candidates, budget, lambda pool: self.predict_ttft(pool, tokens), prices.__getitem__
+        )
+
+    def predict_ttft(self, pool: str, tokens: int) -> float:
+        """Seconds to the first token of a ``tokens``-token prompt sent to ``pool`` now: its
+        prefill on one replica (the performance model's), stretched by how full the pool's
+        slots are (a request past them waits its turn); ``inf``: no replica to run it, or
+        no model of the pool."""
+        rate = self.prefill_s.get(pool)
+        controller = self.pools.get(pool)
+        if rate is None or controller is None:
+            return math.inf
+        slots = len(controller.routable()) * controller.settings.max_num_seqs
+        if slots == 0:
+            return math.inf
+        return rate * max(tokens, 1) * max(1.0, (controller.in_flight + 1) / slots)
 
     def _follow(self, now: float, commands: list[Command]) -> list[Command]:
         """Commands of requests in flights: each Route and final Reject names its pool; a
@@ -503,6 +551,7 @@ def replay(
         admission=bool(head["admission"]),
         autoscale=bool(head.get("autoscale", True)),
         autoscale_interval=head.get("autoscale_interval"),
+        prefill_s={str(p): float(s) for p, s in (head.get("prefill_s") or {}).items()},
     )
     for line in lines:
         commands = control.handle(line.t, line.event)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufleet.config import FleetConfig
@@ -136,9 +137,15 @@ class Flight:
         self.tried: list[str] = []
 
 
-def choose(served: ServedModel, flight: Flight, contexts: dict[str, int | None]) -> str | None:
+def choose(
+    served: ServedModel,
+    flight: Flight,
+    contexts: dict[str, int | None],
+    budgeted: Callable[[list[tuple[str, float]], Flight], str | None] | None = None,
+) -> str | None:
     """The pool of ``served`` that ``flight`` goes to: not one it tried, holding its prompt
-    and output if it must; ``None``: none."""
+    and output if it must; ``None``: none. A request with a latency budget is placed by
+    ``budgeted`` (the cheapest variant predicted to meet it) when the controller has one."""
     need = flight.need
     candidates = [
         (pool, weight)
@@ -148,7 +155,36 @@ def choose(served: ServedModel, flight: Flight, contexts: dict[str, int | None])
     ]
     if served.batch_only and candidates:
         candidates = by_class(candidates, served.batch_only, flight.arrived.priority == BATCH)
-    return choose_variant(flight.key, candidates) if candidates else None
+    if not candidates:
+        return None
+    if budgeted is not None and flight.arrived.budget is not None and len(candidates) > 1:
+        pool = budgeted(candidates, flight)
+        if pool is not None:
+            return pool
+    return choose_variant(flight.key, candidates)
+
+
+def within_budget(
+    candidates: list[tuple[str, float]],
+    budget: float,
+    predict: Callable[[str], float],
+    price: Callable[[str], float],
+) -> str | None:
+    """The variant of positive weight (any, if none has) predicted to answer within
+    ``budget`` seconds on the cheapest replicas (``price``: a replica-hour's), the faster
+    of two as cheap; none does: the one predicted fastest. ``None``: no prediction for any.
+
+    Cheapest, not cheapest per request: a loose budget goes to the cheap GPUs, and the
+    dear, fast ones stay free for the budgets only they meet (as tiered serving does)."""
+    pools = [p for p, w in candidates if w > 0] or [p for p, _ in candidates]
+    scored = [(predict(p), p) for p in pools]
+    scored = [(t, p) for t, p in scored if math.isfinite(t)]
+    if not scored:
+        return None
+    meets = [(price(p), t, p) for t, p in scored if t <= budget]
+    if meets:
+        return min(meets)[2]
+    return min(scored)[1]
 
 
 def by_class(
@@ -198,6 +234,7 @@ def in_pool(arrived: Arrived, pool: str, adapter: str | None = None) -> Arrived:
         arrived.deadline,
         arrived.resumable,
         arrived.recallable,
+        arrived.budget,
     )
 
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import AsyncExitStack
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -115,6 +116,7 @@ class Gateway:
         actions: FleetActions | None = None,
         store: Store | None = None,
         kv_hasher: KvHasher | None = None,
+        prefill_s: Mapping[str, float] | None = None,
     ) -> None:
         self.config = config
         self._kv_hasher = kv_hasher
@@ -136,6 +138,7 @@ class Gateway:
             admission=admitting,
             scaling=None if actuator is None else ScaleExecutor(config, actuator, registry),
             on_gone=self._forget,
+            prefill_s=prefill_s,
         )
         """Every pool's controller (``gpufleet.control``): admission, routing, retries,
         health, holds and autoscaling decisions; this app carries them out."""
@@ -387,6 +390,7 @@ class Gateway:
         if self._kv_hasher is not None and (pool := self.control.kv_pool(model)) is not None:
             blocks = self._kv_hasher(pool, payload)
         request = _route_request(model, scope, payload, request_id, hashes, blocks=blocks)
+        budget = _ttft_budget(scope)
         admitted = None
         status = 500
         # watched from before admission: a client that leaves while queued gives its
@@ -423,6 +427,7 @@ class Gateway:
                 admitted=admitted,
                 resume=stream,
                 trace=trace,
+                budget=budget,
             )
         except asyncio.CancelledError:
             if not watch.stop():
@@ -455,6 +460,7 @@ class Gateway:
         admitted: Admitted | None = None,
         resume: StreamResume | None = None,
         trace: Spans | None = None,
+        budget: float | None = None,
     ) -> int:
         """The request's walk as its pool controller decides it: admission, then an attempt
         on each replica it routes to, until one answers or it is refused; a stream that can
@@ -483,6 +489,7 @@ class Gateway:
                 deadline,
                 resumable=state is not None,
                 recallable=not stream,
+                budget=budget,
             )
             if trace is not None:
                 trace.decided(decision)
@@ -924,6 +931,7 @@ def create_gateway(
     actions: FleetActions | None = None,
     store: Store | None = None,
     kv_hasher: KvHasher | None = None,
+    prefill_s: Mapping[str, float] | None = None,
 ) -> Gateway:
     """The gateway for ``config``'s models over the replicas ``replica_source`` reports.
 
@@ -934,7 +942,9 @@ def create_gateway(
     ``actions`` lets operators drain replicas from the admin API and the console; ``store``
     (else the tenancy's) holds the Batch API's files and batches (docs/batch.md);
     ``kv_hasher(pool, body)`` gives a request's engine block hashes for the pools routed on
-    the engines' KV events (``prefix_precise``; docs/kv-events.md).
+    the engines' KV events (``prefix_precise``; docs/kv-events.md). ``prefill_s``: per
+    pool, the performance model's seconds per prompt token, by which the controller places a
+    request with a latency budget (``x-gpufleet-ttft-budget-ms``; docs/fleet-file.md).
     """
     return Gateway(
         config,
@@ -948,6 +958,7 @@ def create_gateway(
         actions=actions,
         store=store,
         kv_hasher=kv_hasher,
+        prefill_s=prefill_s,
     )
 
 
@@ -1146,6 +1157,29 @@ def _route_request(
         max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
         block_hashes=blocks,
     )
+
+
+TTFT_BUDGET = b"x-gpufleet-ttft-budget-ms"
+"""A request's latency class: the milliseconds to its first token it allows."""
+MAX_TTFT_BUDGET_MS: Final = 3_600_000
+
+
+def _ttft_budget(scope: Scope) -> float | None:
+    """The request's TTFT budget in seconds (``x-gpufleet-ttft-budget-ms``), if it names one;
+    a value that is not a positive number of milliseconds (up to an hour) is a 400."""
+    text = _header(scope, TTFT_BUDGET)
+    if text is None:
+        return None
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = math.nan
+    if not 0 < ms <= MAX_TTFT_BUDGET_MS:  # NaN fails too
+        raise BadRequestError(
+            f"x-gpufleet-ttft-budget-ms: {text!r} is not a number of milliseconds "
+            f"(more than 0, at most {MAX_TTFT_BUDGET_MS:,})"
+        )
+    return ms / 1000.0
 
 
 def _auditor(

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import IO, Final
 
 from gpufleet.config import FleetConfig
@@ -104,10 +104,11 @@ class LiveControl:
         scaling: ScaleExecutor | None = None,
         on_gone: Callable[[Upstream], None] | None = None,
         wall: Callable[[], float] = time.time,
+        prefill_s: Mapping[str, float] | None = None,
     ) -> None:
         self.config = config
         self.control = FleetController.of(
-            config, admission=admission, autoscale=scaling is not None
+            config, admission=admission, autoscale=scaling is not None, prefill_s=prefill_s
         )
         self.pools: dict[str, PoolController] = self.control.pools
         self.upstreams: dict[ReplicaId, Upstream] = {}
@@ -424,13 +425,15 @@ class LiveControl:
         *,
         resumable: bool = False,
         recallable: bool = False,
+        budget: float | None = None,
     ) -> Decision:
         """The request's first decision: a Route, or a Reject; it may wait (queued, held).
         Cancelled (the client left): the caller reports :meth:`gone`. ``resumable``: its
         stream can be resumed on another replica if it breaks after the first byte;
-        ``recallable``: its answer comes whole (an attempt may be stopped and run again).
+        ``recallable``: its answer comes whole (an attempt may be stopped and run again);
+        ``budget``: the seconds to its first token it allows (``x-gpufleet-ttft-budget-ms``).
         ``request.model`` is the served name; a Route's ``model`` names the pool chosen."""
-        arrived = Arrived(request, priority, weight, deadline, resumable, recallable)
+        arrived = Arrived(request, priority, weight, deadline, resumable, recallable, budget)
         self.handle(arrived, request=True)
         decision = self._early.pop(request.request_id, None)  # mostly: decided at once
         if decision is None:

@@ -21,7 +21,7 @@ from typing import Any, Final
 from gpufleet.catalog import CatalogError, get_gpu, get_model
 from gpufleet.config import Capacity, FleetConfig, ModelConfig
 from gpufleet.control import FleetController
-from gpufleet.engine.model import ReplicaConfig, ReplicaModel
+from gpufleet.engine.model import ReplicaConfig, ReplicaModel, prefill_seconds_per_token
 from gpufleet.fleet import LORA_SETTINGS, ReplicaId, ReplicaState
 from gpufleet.sim._admission import SimTenant, TenantBook, TenantMix
 from gpufleet.sim._autoscale import Autoscaling
@@ -132,14 +132,17 @@ class FleetSimulation:
         gpus: list[int] = []
         self._configs = {}
         admitting = fleet.tenants.auth if options.admission is None else options.admission
+        read = {entry.name: replica_config(entry, options.seed) for entry in fleet.models}
         control = FleetController.of(
             fleet,
             seed=options.seed,
             admission=admitting,
             autoscale_interval=options.autoscale_interval,
+            # what a request with a latency budget is placed by, as `gpufleet up` gives it
+            prefill_s={name: prefill_seconds_per_token(c) for name, c in read.items()},
         )
         for entry in fleet.models:
-            config = replica_config(entry, options.seed)
+            config = read[entry.name]
             if control.pools[entry.name].settings.kv_events:  # its engines publish KV events
                 config = replace(config, kv_events=True)
             self._configs[entry.name] = config

@@ -12,7 +12,7 @@ from gpufleet.engine.model._kv_events import (
     KvCacheEvent,
     external_hash,
 )
-from gpufleet.engine.model._replica import ReplicaModel, RunAhead
+from gpufleet.engine.model._replica import ReplicaModel, RunAhead, prefill_seconds_per_token
 from gpufleet.engine.model._types import (
     DecodeRun,
     FinishReason,
@@ -41,4 +41,5 @@ __all__ = [
     "StepPlan",
     "block_hash_chain",
     "external_hash",
+    "prefill_seconds_per_token",
 ]

@@ -21,6 +21,7 @@ import math
 from bisect import bisect_left
 from itertools import accumulate, islice
 from operator import add
+from typing import Final
 
 from gpufleet.engine.model._kv_cache import KVCacheManager
 from gpufleet.engine.model._kv_events import KvCacheEvent
@@ -109,19 +110,34 @@ class RunAhead:
 _Priced = tuple[RunAhead, _Run]
 
 
+def step_model(config: ReplicaConfig) -> StepTimeModel:
+    """The step-time model a replica of ``config`` is timed by."""
+    return StepTimeModel(
+        config.model,
+        config.gpu,
+        tp=config.tp,
+        pp=config.pp,
+        weights_dtype=config.weights_dtype,
+        kv_dtype=config.kv_dtype,
+    )
+
+
+PREFILL_PROBE_TOKENS: Final = 2048
+"""The prompt length ``prefill_seconds_per_token`` prices (a typical chat prompt)."""
+
+
+def prefill_seconds_per_token(config: ReplicaConfig) -> float:
+    """Seconds per prompt token of one ``PREFILL_PROBE_TOKENS``-token prefill on an idle
+    replica of ``config``: what the pool controller predicts a latency budget by."""
+    return step_model(config).prefill_time(PREFILL_PROBE_TOKENS) / PREFILL_PROBE_TOKENS
+
+
 class ReplicaModel:
     """Continuous batching over a paged KV cache with prefix caching, timed by ``perf``."""
 
     def __init__(self, config: ReplicaConfig) -> None:
         self._config = config
-        self._steps = StepTimeModel(
-            config.model,
-            config.gpu,
-            tp=config.tp,
-            pp=config.pp,
-            weights_dtype=config.weights_dtype,
-            kv_dtype=config.kv_dtype,
-        )
+        self._steps = step_model(config)
         self._num_gpu_blocks = _num_gpu_blocks(config)
         self._max_model_len = _max_model_len(config, self._num_gpu_blocks)
         self._filler = shared_filler(config.seed, config.model.vocab_size)
