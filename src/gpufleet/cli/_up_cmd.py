@@ -192,22 +192,11 @@ def _routes_on_kv_events(model: ModelConfig) -> bool:
 
 
 def prefill_speeds(config: FleetConfig) -> dict[str, float]:
-    """Per pool, the performance model's seconds per prompt token of a prefill on one of
-    its replicas (its catalog model on its GPU, with its engine flags): what the controller
-    places a request with a latency budget by. A pool the model cannot price (an external
-    one, a model or flag it does not know) gets none, and no budget picks it."""
-    from gpufleet.engine.model import prefill_seconds_per_token  # noqa: PLC0415
-    from gpufleet.sim import replica_config  # noqa: PLC0415 - the simulator's own reading
+    """The pools' prefill speeds the controller places latency budgets by: the simulator's
+    reading of the fleet file (``gpufleet.sim.prefill_speeds``), one function for both."""
+    from gpufleet.sim import prefill_speeds as speeds  # noqa: PLC0415 - the perf model
 
-    speeds: dict[str, float] = {}
-    for m in config.models:
-        if m.engine.value == EngineKind.EXTERNAL.value:
-            continue
-        try:
-            speeds[m.name] = prefill_seconds_per_token(replica_config(m, config.gateway.seed))
-        except ValueError:
-            continue
-    return speeds
+    return speeds(config, config.gateway.seed)
 
 
 def kv_hasher(config: FleetConfig, seed: int) -> KvHasher | None:

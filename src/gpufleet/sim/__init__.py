@@ -39,7 +39,7 @@ from gpufleet.sim._plots import write_plots
 from gpufleet.sim._prompts import PromptBuilder
 from gpufleet.sim._recorder import Recorder, RequestLog, RequestRecord
 from gpufleet.sim._replica_driver import ReplicaDriver
-from gpufleet.sim._simulate import FleetSimulation, SimOptions, replica_config
+from gpufleet.sim._simulate import FleetSimulation, SimOptions, prefill_speeds, replica_config
 from gpufleet.sim._stats import LogHistogram
 from gpufleet.sim._sweep import (
     SLOTarget,
@@ -139,6 +139,7 @@ __all__ = [
     "parse_batch_job",
     "parse_fault",
     "parse_tenant",
+    "prefill_speeds",
     "replica_config",
     "run_sweep",
     "synth_requests",

@@ -19,7 +19,7 @@ from random import Random
 from typing import Any, Final
 
 from gpufleet.catalog import CatalogError, get_gpu, get_model
-from gpufleet.config import Capacity, FleetConfig, ModelConfig
+from gpufleet.config import Capacity, EngineKind, FleetConfig, ModelConfig
 from gpufleet.control import FleetController
 from gpufleet.engine.model import ReplicaConfig, ReplicaModel, prefill_seconds_per_token
 from gpufleet.fleet import LORA_SETTINGS, ReplicaId, ReplicaState
@@ -91,6 +91,22 @@ def replica_config(model: ModelConfig, seed: int) -> ReplicaConfig:
     return ReplicaConfig(spec, gpu, **settings)
 
 
+def prefill_speeds(fleet: FleetConfig, seed: int) -> dict[str, float]:
+    """Per pool, the performance model's seconds per prompt token of a prefill on one of
+    its replicas (the replica model above): what the controller places a request with a
+    latency budget by, in ``gpufleet up`` and here alike. A pool the model cannot price (an
+    external one, a model or flag it does not know) gets none, and no budget picks it."""
+    speeds: dict[str, float] = {}
+    for model in fleet.models:
+        if model.engine is EngineKind.EXTERNAL:
+            continue
+        try:
+            speeds[model.name] = prefill_seconds_per_token(replica_config(model, seed))
+        except ValueError:
+            continue
+    return speeds
+
+
 @dataclass(slots=True)
 class Timeline:
     """Samples every ``interval`` simulated seconds, one row per sample."""
@@ -132,17 +148,15 @@ class FleetSimulation:
         gpus: list[int] = []
         self._configs = {}
         admitting = fleet.tenants.auth if options.admission is None else options.admission
-        read = {entry.name: replica_config(entry, options.seed) for entry in fleet.models}
         control = FleetController.of(
             fleet,
             seed=options.seed,
             admission=admitting,
             autoscale_interval=options.autoscale_interval,
-            # what a request with a latency budget is placed by, as `gpufleet up` gives it
-            prefill_s={name: prefill_seconds_per_token(c) for name, c in read.items()},
+            prefill_s=prefill_speeds(fleet, options.seed),  # as `gpufleet up` gives them
         )
         for entry in fleet.models:
-            config = read[entry.name]
+            config = replica_config(entry, options.seed)
             if control.pools[entry.name].settings.kv_events:  # its engines publish KV events
                 config = replace(config, kv_events=True)
             self._configs[entry.name] = config
